@@ -1,0 +1,234 @@
+"""build: compile `_vllm_fa2_C` from the replayed workspace for one architecture with ninja.
+
+The patched tree says what to build in ``fa2patch-build.toml`` (sources per architecture,
+defines, include folders, which kernels must use tensor cores). This module turns it into a
+``build.ninja`` for the chosen compiler route, runs it, and writes ``manifest.json``.
+"""
+
+import fnmatch
+import json
+import os
+import shlex
+import subprocess
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import __version__, sass, toolchain
+from .digest import sha256_file, tree_digest
+from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError
+
+DESCRIPTION = "fa2patch-build.toml"
+ARTIFACT_SUFFIX = ".abi3.so"
+CUDA_VERSION = ("12", "8")  # the CUDA release the sm_70 build targets (DESIGN.md §5)
+
+
+class BuildFailed(Fa2PatchError):
+    exit_code = 1
+
+
+@dataclass
+class ArchSpec:
+    cuda_sources: list[str]
+    defines: list[str]
+    tensor_core_kernels: list[str]
+    lab: bool = False
+
+
+@dataclass
+class BuildDescription:
+    path: Path
+    name: str
+    include_dirs: list[str]
+    defines: list[str]
+    host_sources: list[str]
+    archs: dict[str, ArchSpec] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, tree: Path) -> "BuildDescription":
+        path = Path(tree) / DESCRIPTION
+        if not path.is_file():
+            raise EnvironmentProblem(f"{path}: no build description in the workspace "
+                                     "(is it replayed with patch 0001?)")
+        try:
+            data = tomllib.loads(path.read_text())
+            ext = data["extension"]
+            archs = {a: ArchSpec(spec.get("cuda_sources", []), spec.get("defines", []),
+                                 spec.get("tensor_core_kernels", []), bool(spec.get("lab", False)))
+                     for a, spec in data.get("arch", {}).items()}
+            desc = cls(path, ext["name"], ext["include_dirs"], ext.get("defines", []),
+                       ext["host_sources"], archs)
+        except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckFailed(f"{path}: malformed build description: {exc!r}") from exc
+        for src in desc.host_sources + [s for a in archs.values() for s in a.cuda_sources]:
+            if not (Path(tree) / src).is_file():
+                raise CheckFailed(f"{path}: lists {src}, which is not in the tree")
+        return desc
+
+    def arch(self, arch: str) -> ArchSpec:
+        if arch not in self.archs:
+            raise EnvironmentProblem(f"{self.path}: unsupported --arch\n  expected: one of "
+                                     f"{', '.join(sorted(self.archs))}\n  actual:   {arch}")
+        return self.archs[arch]
+
+
+def tensor_core_kernel(name: str, demangled: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(demangled, p) for p in patterns)
+
+
+def _q(args) -> str:
+    return " ".join(shlex.quote(str(a)) for a in args)
+
+
+@dataclass
+class Plan:
+    """Everything the ninja file and the manifest say about one build."""
+    compiler: toolchain.Compiler
+    cxx: list[str]
+    cxx_flags: list[str]
+    cuda: list[str]
+    cuda_flags: list[str]
+    link: list[str]
+    link_flags: list[str]
+    ptxas: Path | None
+
+
+def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str) -> Plan:
+    spec = desc.arch(arch)
+    torch = toolchain.torch_info()
+    if not torch:
+        raise EnvironmentProblem(f"torch: not importable by this Python\n  install: {toolchain.PIP_BUILD}")
+    if toolchain.find_ninja() is None:
+        raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
+    comp = toolchain.choose_compiler(compiler_choice, arch, build_dir)
+    defines = [f"-D{d}" for d in desc.defines + spec.defines] + [
+        f"-DTORCH_EXTENSION_NAME={desc.name}", "-DNDEBUG",
+        f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}",
+    ]
+    includes = [f"-I{tree / d}" for d in desc.include_dirs] + [
+        f"-isystem{p}" for p in torch["include"] + [torch["python_include"]]]
+    common = ["-std=c++17", "-O3", "-fPIC", *defines, *includes]
+    launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
+    libs = [f"-L{p}" for p in torch["lib"]] + ["-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu",
+                                              "-ltorch_cuda"]
+    if comp.kind == "clang":
+        cuda_inc = comp.cuda_path / "include"
+        sm = arch.removeprefix("sm_")
+        cxx = [*launcher, str(comp.path)]
+        cxx_flags = [*common, f"-isystem{cuda_inc}"]
+        cuda_flags = [*common, "-x", "cuda", f"--cuda-gpu-arch=sm_{sm}",
+                      f"--cuda-path={comp.cuda_path}",
+                      # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist;
+                      # without them every MMA silently becomes a trap (DESIGN.md §5).
+                      f"-D__CUDACC_VER_MAJOR__={CUDA_VERSION[0]}",
+                      f"-D__CUDACC_VER_MINOR__={CUDA_VERSION[1]}",
+                      "-Xcuda-ptxas", "-v", "-Wno-unknown-cuda-version"]
+        link = [str(comp.path)]
+        link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
+        ptxas = comp.cuda_path / "bin" / "ptxas"
+    else:
+        host = comp.host_cxx
+        if host is None:
+            raise EnvironmentProblem("nvcc route: no host C++ compiler (set CXX or install g++)")
+        cuda_home = comp.path.parent.parent
+        sm = arch.removeprefix("sm_")
+        cxx = [*launcher, str(host)]
+        cxx_flags = [*common, f"-isystem{cuda_home / 'include'}"]
+        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *defines, *includes,
+                      f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
+                      "--expt-relaxed-constexpr", "--expt-extended-lambda", f"-ccbin={host}"]
+        link = [str(host)]
+        link_flags = ["-shared", *libs, f"-L{cuda_home / 'lib64'}", "-lcudart"]
+        ptxas = comp.path.parent / "ptxas"
+    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags,
+                ptxas)
+
+
+def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
+    spec = desc.arch(arch)
+    artifact = build_dir / (desc.name + ARTIFACT_SUFFIX)
+    lines = [
+        "# generated by fa2patch build; do not edit",
+        f"builddir = {_ninja_path(build_dir)}",
+        f"cxx = {_q(p.cxx)}", f"cxx_flags = {_q(p.cxx_flags)}",
+        f"cuda = {_q(p.cuda)}", f"cuda_flags = {_q(p.cuda_flags)}",
+        f"link = {_q(p.link)}", f"link_flags = {_q(p.link_flags)}",
+        "rule cxx",
+        "  command = $cxx $cxx_flags -MD -MF $out.d -c $in -o $out",
+        "  depfile = $out.d", "  deps = gcc", "  description = CXX $in",
+        # Keep ptxas -v output (registers, spills per kernel) beside each object.
+        "rule cuda",
+        "  command = sh -c '$cuda $cuda_flags -MD -MF $out.d -c $in -o $out 2> $out.log; "
+        "s=$$?; cat $out.log >&2; exit $$s'",
+        "  depfile = $out.d", "  deps = gcc", "  description = CUDA $in",
+        "rule link",
+        "  command = $link $in -o $out $link_flags", "  description = LINK $out",
+    ]
+    objects = []
+    for rule, sources in (("cxx", desc.host_sources), ("cuda", spec.cuda_sources)):
+        for src in sources:
+            obj = build_dir / "obj" / (src.replace("/", "__") + ".o")
+            objects.append(obj)
+            lines.append(f"build {_ninja_path(obj)}: {rule} {_ninja_path(tree / src)}")
+    lines.append(f"build {_ninja_path(artifact)}: link {' '.join(_ninja_path(o) for o in objects)}")
+    lines.append(f"default {_ninja_path(artifact)}")
+    ninja_file = build_dir / "build.ninja"
+    ninja_file.write_text("\n".join(lines) + "\n")
+    return ninja_file
+
+
+def _ninja_path(p: Path) -> str:
+    return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
+          jobs: int | None = None, expected_digest: str | None = None, echo=print) -> dict:
+    start = time.monotonic()
+    tree = Path(tree).resolve()
+    if not tree.is_dir():
+        raise EnvironmentProblem(f"{tree}: workspace not found (run fa2patch replay)")
+    desc = BuildDescription.load(tree)
+    spec = desc.arch(arch)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    p = plan(desc, arch, tree, build_dir, compiler_choice)
+    ninja_file = write_ninja(desc, arch, tree, build_dir, p)
+    echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} "
+         f"({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
+    cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
+    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "})
+    if proc.returncode != 0:
+        raise BuildFailed(f"{ninja_file}: ninja failed with exit code {proc.returncode} "
+                          "(the compiler's message is above)")
+    artifact = build_dir / (desc.name + ARTIFACT_SUFFIX)
+    manifest = _manifest(desc, arch, tree, build_dir, p, artifact, expected_digest)
+    manifest["wall_seconds"] = round(time.monotonic() - start, 1)
+    (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_digest) -> dict:
+    spec = desc.arch(arch)
+    ptxas_entries = {}
+    for log in sorted((build_dir / "obj").glob("*.o.log")):
+        ptxas_entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
+    digest = tree_digest(tree)
+    kernels = [asdict(e) for e in ptxas_entries.values() if e.entry]
+    return {
+        "fa2patch": __version__,
+        "extension": desc.name,
+        "arch": arch,
+        "lab": spec.lab,
+        "compiler": {"kind": p.compiler.kind, "path": str(p.compiler.path),
+                     "version": p.compiler.version},
+        "ptxas_version": toolchain.ptxas_version(p.ptxas) if p.ptxas and p.ptxas.exists() else "",
+        "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags,
+                     "link": p.link + p.link_flags},
+        "torch": {k: v for k, v in toolchain.torch_info().items() if k in ("version", "cuda")},
+        "source_tree_digest": digest,
+        "source_matches_lock": digest == expected_digest if expected_digest else None,
+        "build_description_sha256": sha256_file(desc.path),
+        "tensor_core_kernels": spec.tensor_core_kernels,
+        "artifact": {"file": artifact.name, "sha256": sha256_file(artifact)},
+        "ptxas_kernels": kernels,
+    }

@@ -1,0 +1,261 @@
+"""The `fa2patch` command line. Exit codes: 0 ok, 1 a check or build step failed,
+2 usage or environment error, 3 nothing to smoke on this machine (see README.md)."""
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, CheckFailed, Fa2PatchError
+from .lockfile import Lock
+from .project import Project
+
+ARCH_HELP = "target architecture declared by the tree's fa2patch-build.toml (sm_70; sm_90 = H200 lab)"
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i].splitlines()[0] if r[i] else "") for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        first = [c.splitlines()[0] if c else "" for c in r]
+        lines.append("  ".join(c.ljust(w) for c, w in zip(first, widths)).rstrip())
+        for extra in (r[-1].splitlines()[1:] if r[-1] else []):
+            lines.append(" " * (sum(widths[:-1]) + 2 * (len(widths) - 1)) + extra)
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+class Context:
+    def __init__(self):
+        self._project = None
+
+    @property
+    def project(self) -> Project:
+        if self._project is None:
+            self._project = Project.find()
+        return self._project
+
+    def lock(self) -> Lock:
+        return Lock.load(self.project.lock_path)
+
+    def workspace(self, given: str | None) -> Path:
+        return Path(given).resolve() if given else self.project.default_workspace
+
+
+pass_ctx = click.make_pass_decorator(Context, ensure=True)
+workspace_option = click.option("--workspace", "workspace", type=click.Path(file_okay=False),
+                                help="the git workspace [default: <project>/work/flash-attn]")
+json_option = click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fa2patch")
+def cli():
+    """Build vLLM's `_vllm_fa2_C` for V100 (sm_70) from a locked FlashAttention release and
+    an ordered patch series.
+
+    Pipeline: fetch -> replay -> build -> verify -> smoke; export writes workspace commits
+    back to patches/. Exit codes: 0 ok, 1 a check or build step failed, 2 usage or
+    environment error, 3 nothing to smoke on this machine.
+    """
+
+
+@cli.command()
+@click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
+              help="use this local archive instead of downloading it (offline)")
+@click.option("--index-url", help="package index to use instead of pip's configured ones")
+@click.option("--force", is_flag=True, help="download again even if the cache holds the archive")
+@json_option
+@pass_ctx
+def fetch(ctx, sdist, index_url, force, as_json):
+    """Download the pristine baseline archive, verify its sha256 and cache it."""
+    from .fetch import fetch as do_fetch
+
+    lock = ctx.lock()
+    path = do_fetch(lock, sdist=sdist, index_url=index_url, force=force, quiet=as_json)
+    if as_json:
+        click.echo(json.dumps({"archive": str(path), "sha256": lock.baseline.sha256}))
+    else:
+        click.echo(f"{path}: sha256 {lock.baseline.sha256} verified")
+
+
+@cli.command()
+@workspace_option
+@click.option("--force", is_flag=True, help="discard a dirty or diverging workspace")
+@click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
+              help="use this local archive if the cache does not hold it (offline)")
+@json_option
+@pass_ctx
+def replay(ctx, workspace, force, sdist, as_json):
+    """Import the pristine tree and apply every patch as one deterministic commit each."""
+    from . import gitws
+    from .replay import replay as do_replay
+
+    lock, ws = ctx.lock(), ctx.workspace(workspace)
+    outcome = do_replay(lock, ctx.project.patches_dir, ws, force=force, sdist=sdist,
+                        echo=(lambda m: None) if as_json else click.echo)
+    commits = [c.hexsha for c in gitws.series_commits(gitws.open_repo(ws))]
+    if as_json:
+        click.echo(json.dumps({"workspace": str(ws), "outcome": outcome, "commits": commits,
+                               "tree_digest": lock.final_digest()}))
+    else:
+        click.echo(f"{ws}: {outcome}; {len(commits) - 1} patch(es) on the pristine import; "
+                   f"HEAD {commits[-1][:12]}, tree {lock.final_digest()}")
+
+
+@cli.command()
+@workspace_option
+@json_option
+@pass_ctx
+def export(ctx, workspace, as_json):
+    """Write the workspace commits back to patches/ and update baseline.lock."""
+    from .export import export as do_export
+
+    lock, ws = ctx.lock(), ctx.workspace(workspace)
+    changed = do_export(lock, ws, ctx.project.patches_dir)
+    if as_json:
+        click.echo(json.dumps({"changed": changed, "patches": [asdict(p) for p in lock.patches]}))
+    else:
+        click.echo(f"exported {len(lock.patches)} patch(es); changed: {', '.join(changed) or 'nothing'}")
+
+
+@cli.command()
+@workspace_option
+@json_option
+@pass_ctx
+def check(ctx, workspace, as_json):
+    """Verify that the lock, patches/, the cached archive and the workspace agree."""
+    from .check import check as do_check
+
+    findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace))
+    if as_json:
+        click.echo(json.dumps([asdict(f) for f in findings], indent=1))
+    else:
+        click.echo(_table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
+                          ["item", "status", "detail"]))
+    if not all(f.ok for f in findings):
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+@cli.command()
+@json_option
+@pass_ctx
+def doctor(ctx, as_json):
+    """List the tools the build needs: what is present, what is missing and how to install it."""
+    from .toolchain import doctor as do_doctor
+
+    try:
+        pins = ctx.lock().toolchain
+    except Fa2PatchError:
+        pins = {}
+    items = do_doctor(pins)
+    if as_json:
+        click.echo(json.dumps([asdict(i) for i in items], indent=1))
+    else:
+        click.echo(_table([[i.name, "ok" if i.found else "MISSING", i.required_for,
+                            i.detail + ("" if i.found else f"\ninstall: {i.install}")] for i in items],
+                          ["component", "status", "needed for", "detail"]))
+
+
+@cli.command()
+@click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@click.option("--cuda-compiler", type=click.Choice(["auto", "nvcc", "clang"]), default="auto",
+              show_default=True, help="auto: nvcc if it can target --arch, else clang-22 + wheels")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), help="parallel compile jobs [default: CPUs]")
+@workspace_option
+@json_option
+@pass_ctx
+def build(ctx, arch, cuda_compiler, jobs, workspace, as_json):
+    """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json."""
+    from .build import build as do_build
+
+    lock, ws = ctx.lock(), ctx.workspace(workspace)
+    out = ctx.project.build_dir(arch)
+    manifest = do_build(ws, arch, out, cuda_compiler, jobs, expected_digest=lock.final_digest(),
+                        echo=(lambda m: click.echo(m, err=True)) if as_json else click.echo)
+    if as_json:
+        click.echo(json.dumps(manifest, indent=1))
+        return
+    click.echo(f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
+               f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s")
+    if manifest["source_matches_lock"] is False:
+        click.echo("warning: the workspace tree differs from the lock (uncommitted or unexported "
+                   "work); this build is not the locked series", err=True)
+
+
+@cli.command()
+@click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@json_option
+@pass_ctx
+def verify(ctx, arch, as_json):
+    """Check the operator schemas and every kernel's registers, spills, shared memory and SASS."""
+    from .verify import verify as do_verify
+
+    p = ctx.project
+    manifest, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path)
+    if as_json:
+        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"],
+                               "rows": [asdict(r) for r in rows]}, indent=1))
+    else:
+        click.echo(_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows if r.kind == "schema"],
+                          ["operator", "status", "detail"]))
+        kernels = [r for r in rows if r.kind == "kernel"]
+        click.echo("")
+        if kernels:
+            click.echo(_table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
+                                 _n(r, "shared"), _n(r, "hmma"), _n(r, "traps"),
+                                 "ok" if r.ok else "FAIL", r.detail] for r in kernels],
+                              ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"]))
+        else:
+            click.echo(f"{arch}: this build contains no device kernels")
+    if not all(r.ok for r in rows):
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+def _n(row, key):
+    value = (row.numbers or {}).get(key)
+    return "-" if value is None else value
+
+
+@cli.command()
+@click.option("--arch", "archs", multiple=True, help="built architecture(s) to try [default: all built]")
+@json_option
+@pass_ctx
+def smoke(ctx, archs, as_json):
+    """Launch each registered route on small problems and compare with an FP32 reference."""
+    from .smoke import smoke as do_smoke
+
+    root = ctx.project.root / "build"
+    dirs = [ctx.project.build_dir(a) for a in archs] or sorted(p for p in root.glob("*") if p.is_dir())
+    results = do_smoke(dirs)
+    if as_json:
+        click.echo(json.dumps(results, indent=1))
+    else:
+        click.echo(_table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
+                            r.get("detail") or r.get("error") or
+                            f"{len(r.get('cases', []))} cases, worst max_abs "
+                            f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}"]
+                           for r in results], ["arch", "route", "status", "detail"]))
+    if not all(r["ok"] for r in results):
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+def main():
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_USAGE)
+    except Fa2PatchError as exc:
+        click.echo(f"fa2patch: error: {exc}", err=True)
+        sys.exit(exc.exit_code)

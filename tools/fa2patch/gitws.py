@@ -1,0 +1,121 @@
+"""The git workspace: deterministic commits, isolated from the user's git configuration."""
+
+import os
+from pathlib import Path
+
+import git
+
+from .errors import EnvironmentProblem
+from .lockfile import Identity
+
+# Ignore the user's and the system's git configuration: hooks, signing, autocrlf, global
+# excludes or a different diff algorithm would change commits and exported patches.
+ISOLATION = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_TERMINAL_PROMPT": "0",
+}
+CONFIG = {
+    "core.autocrlf": "false",
+    "core.filemode": "true",
+    "core.excludesFile": os.devnull,
+    "core.hooksPath": os.devnull,
+    "commit.gpgSign": "false",
+    "gc.auto": "0",
+}
+PRISTINE_TRAILER = "Fa2patch-Pristine: yes"
+LOCK_KEY = "fa2patch.lock-sha256"
+
+
+def _env(identity: Identity | None = None) -> dict:
+    env = dict(ISOLATION)
+    if identity is not None:
+        for role in ("AUTHOR", "COMMITTER"):
+            env[f"GIT_{role}_NAME"] = identity.name
+            env[f"GIT_{role}_EMAIL"] = identity.email
+            env[f"GIT_{role}_DATE"] = identity.date
+    return env
+
+
+def open_repo(path: Path) -> git.Repo:
+    try:
+        repo = git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise EnvironmentProblem(f"{path}: not a fa2patch workspace (no git repository)") from exc
+    repo.git.update_environment(**_env())
+    return repo
+
+
+def init_repo(path: Path) -> git.Repo:
+    repo = git.Repo.init(path, initial_branch="fa2patch")
+    repo.git.update_environment(**_env())
+    with repo.config_writer() as cw:
+        for key, value in CONFIG.items():
+            section, option = key.rsplit(".", 1)
+            cw.set_value(section, option, value)
+    return repo
+
+
+def commit_all(repo: git.Repo, message: str, identity: Identity) -> str:
+    """Stage the whole work tree (ignore rules off) and commit it with the fixed identity."""
+    repo.git.add("-A", "-f", ".")
+    with repo.git.custom_environment(**_env(identity)):
+        repo.git.commit("-q", "--no-verify", "--cleanup=verbatim", "-F", "-",
+                        istream=_Stdin(message))
+    return repo.head.commit.hexsha
+
+
+class _Stdin:
+    """A file-like stdin for gitpython: it accepts objects with fileno() or read()."""
+
+    def __init__(self, text: str):
+        import tempfile
+
+        self._f = tempfile.TemporaryFile()
+        self._f.write(text.encode())
+        self._f.seek(0)
+
+    def fileno(self):
+        return self._f.fileno()
+
+
+def is_dirty(repo: git.Repo) -> list[str]:
+    """Lines of `git status --porcelain`, untracked files included."""
+    out = repo.git.status("--porcelain", "--untracked-files=all", "--ignored=no")
+    return out.splitlines()
+
+
+def series_commits(repo: git.Repo) -> list[git.Commit]:
+    """The first-parent chain from the pristine root to HEAD, oldest first."""
+    commits = list(repo.iter_commits("HEAD", first_parent=True))
+    commits.reverse()
+    if not commits or PRISTINE_TRAILER not in commits[0].message:
+        raise EnvironmentProblem(
+            f"{repo.working_dir}: the root commit is not a fa2patch pristine import"
+        )
+    for c in commits[1:]:
+        if len(c.parents) != 1:
+            raise EnvironmentProblem(f"{repo.working_dir}: commit {c.hexsha[:12]} is a merge; "
+                                     "the series must be linear")
+    return commits
+
+
+def diff(repo: git.Repo, parent: str, child: str) -> str:
+    """The diff of one series commit, with every option that affects its text fixed."""
+    out = repo.git.diff(
+        "--no-color", "--no-ext-diff", "--no-renames", "--full-index", "--binary",
+        "--diff-algorithm=myers", "-U3", "--src-prefix=a/", "--dst-prefix=b/",
+        parent, child, stdout_as_string=False, strip_newline_in_stdout=False,
+    )
+    return out.decode("utf-8", "surrogateescape")
+
+
+def recorded_lock(repo: git.Repo) -> str | None:
+    try:
+        return repo.git.config("--local", "--get", LOCK_KEY)
+    except git.GitCommandError:
+        return None
+
+
+def record_lock(repo: git.Repo, lock_sha256: str) -> None:
+    repo.git.config("--local", LOCK_KEY, lock_sha256)

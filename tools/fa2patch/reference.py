@@ -1,0 +1,62 @@
+"""FP32 reference attention, written here, for smoke tests and the GPU suite.
+
+Semantics follow FA2's forward: causal masks are bottom-right aligned when seqlen_q differs
+from seqlen_k; a sliding window (left, right) keeps key j for query i when
+``i + sk - sq - left <= j <= i + sk - sq + right`` (negative means unbounded); softcap is
+``cap * tanh(s / cap)`` applied to the scaled scores; ALiBi adds ``-slope * |i + sk - sq - j|``.
+Rows whose keys are all masked give zeros and an LSE of +inf (FA2's convention).
+"""
+
+import torch
+
+
+def attention_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+                  compute_dtype=torch.float32):
+    """One sequence: q [sq, hq, d], k/v [sk, hk, d] -> (out [sq, hq, d], lse [hq, sq]).
+
+    ``compute_dtype=torch.float16`` gives the "fp16 torch" result of FA2's criterion.
+    """
+    sq, hq, d = q.shape
+    sk, hk, _ = k.shape
+    if hq % hk:
+        raise ValueError(f"hq={hq} is not a multiple of hk={hk}")
+    qf, kf, vf = (t.to(compute_dtype) for t in (q, k, v))
+    kf = kf.repeat_interleave(hq // hk, dim=1)
+    vf = vf.repeat_interleave(hq // hk, dim=1)
+    s = torch.einsum("qhd,khd->hqk", qf, kf).float() * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device).view(-1, 1) + (sk - sq)
+    j = torch.arange(sk, device=q.device).view(1, -1)
+    if alibi_slopes is not None:
+        s = s - alibi_slopes.float().view(-1, 1, 1) * (i - j).abs().view(1, sq, sk)
+    left, right = window
+    if causal:
+        right = 0
+    allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        allowed &= j <= i + right
+    if left >= 0:
+        allowed &= j >= i - left
+    s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).to(compute_dtype)
+    p = torch.nan_to_num(p, nan=0.0)  # all-masked rows: exp(-inf - (-inf))
+    out = torch.einsum("hqk,khd->qhd", p, vf)
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    return out.float(), lse.float()
+
+
+def fa2_bar(out, out_fp16_torch, ref) -> float:
+    """FA2's own test criterion: max|out-ref| <= 2*max|out_fp16_torch-ref| + 1e-5 (DESIGN.md §7)."""
+    return 2 * (out_fp16_torch.float() - ref).abs().max().item() + 1e-5
+
+
+def compare(out, ref, out_fp16_torch) -> dict:
+    diff = (out.float() - ref).abs()
+    rel_l2 = (torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30)).item()
+    bar = fa2_bar(out, out_fp16_torch, ref)
+    max_abs = diff.max().item() if diff.numel() else 0.0
+    finite = bool(torch.isfinite(out.float()).all())
+    return {"max_abs": max_abs, "rel_l2": rel_l2, "bar": bar, "finite": finite,
+            "ok": finite and max_abs <= bar and rel_l2 <= 1e-3}

@@ -1,0 +1,150 @@
+"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings.
+
+Used by `verify` (budgets, tensor-core checks) and meant for the static performance report.
+"""
+
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EnvironmentProblem
+
+
+@dataclass
+class PtxasEntry:
+    name: str
+    arch: str = ""
+    entry: bool = False
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack: int = 0
+    smem: int = 0
+
+
+_COMPILING = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(.*)")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(text: str) -> dict[str, PtxasEntry]:
+    """Per-function numbers from ``ptxas -v`` output (nvcc -Xptxas -v, clang -Xcuda-ptxas -v)."""
+    entries: dict[str, PtxasEntry] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _COMPILING.search(line):
+            current = entries.setdefault(m.group(1), PtxasEntry(m.group(1)))
+            current.arch, current.entry = m.group(2), True
+        elif m := _PROPS.search(line):
+            current = entries.setdefault(m.group(1), PtxasEntry(m.group(1)))
+        elif current is not None and (m := _FRAME.search(line)):
+            current.stack, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif current is not None and (m := _USED.search(line)):
+            current.registers = int(m.group(1))
+            if s := _SMEM.search(m.group(2)):
+                current.smem = int(s.group(1))
+    return entries
+
+
+@dataclass
+class Resources:
+    name: str
+    arch: str
+    registers: int
+    stack: int
+    shared: int
+    local: int
+
+
+_ARCH = re.compile(r"^arch = (sm_\w+)", re.M)
+_FUNC_RES = re.compile(r"^\s*Function (\S+):\s*\n\s*(.*)$", re.M)
+
+
+def parse_resource_usage(text: str) -> list[Resources]:
+    """Per-kernel numbers from ``cuobjdump --dump-resource-usage``."""
+    out = []
+    # Each ELF section starts with "arch = sm_XX"; kernels below it belong to that arch.
+    sections = re.split(r"(?=^arch = sm_)", text, flags=re.M)
+    for section in sections:
+        arch_m = _ARCH.search(section)
+        if not arch_m:
+            continue
+        for m in _FUNC_RES.finditer(section):
+            fields = dict(re.findall(r"([A-Z_]+(?:\[\d+\])?):(\d+)", m.group(2)))
+            out.append(Resources(m.group(1), arch_m.group(1), int(fields.get("REG", 0)),
+                                 int(fields.get("STACK", 0)), int(fields.get("SHARED", 0)),
+                                 int(fields.get("LOCAL", 0))))
+    return out
+
+
+@dataclass
+class SassFunction:
+    name: str
+    arch: str
+    opcodes: list[str] = field(default_factory=list)
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(self.opcodes)
+
+    @property
+    def hmma(self) -> int:
+        return sum(1 for op in self.opcodes if op.startswith("HMMA"))
+
+    @property
+    def traps(self) -> int:
+        return sum(1 for op in self.opcodes if op.startswith("BPT"))
+
+    @property
+    def local_memory_ops(self) -> int:
+        return sum(1 for op in self.opcodes if op.split(".")[0] in ("LDL", "STL"))
+
+
+_FUNCTION = re.compile(r"^\s*Function : (\S+)")
+_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:\{\s*)?(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def parse_sass(text: str) -> list[SassFunction]:
+    """Functions and their opcodes (with modifiers, without predicates) from ``cuobjdump -sass``."""
+    functions = []
+    arch = ""
+    current = None
+    for line in text.splitlines():
+        if m := _ARCH.match(line.strip()):
+            arch = m.group(1)
+        elif m := _FUNCTION.match(line):
+            current = SassFunction(m.group(1), arch)
+            functions.append(current)
+        elif current is not None and (m := _INSTR.match(line)):
+            current.opcodes.append(m.group(2))
+    return functions
+
+
+NO_DEVICE_CODE = "does not contain device code"
+
+
+def cuobjdump(tool: Path, args: list[str], binary: Path) -> str:
+    """Run cuobjdump; a binary without device code gives an empty listing."""
+    try:
+        proc = subprocess.run([str(tool), *args, str(binary)], capture_output=True, text=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{tool}: cannot run cuobjdump: {exc}") from exc
+    if proc.returncode != 0:
+        if NO_DEVICE_CODE in proc.stdout + proc.stderr:
+            return ""
+        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: "
+                                 f"{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}

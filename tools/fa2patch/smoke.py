@@ -1,0 +1,107 @@
+"""smoke: launch each route the build registers on small problems, against an FP32 reference.
+
+A route is declared by the extension's ``build_info()`` JSON as
+``{"name": ..., "op": "varlen_fwd", "env": {VAR: value}}``: the operator to call and the
+environment that selects it (for example the lab switch that forces the SM70 kernels).
+Each route runs in its own subprocess with that environment.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import NothingToSmoke
+from .verify import load_manifest
+
+GPU_PROBE = r"""
+import json, torch
+info = {"cuda": torch.cuda.is_available()}
+if info["cuda"]:
+    p = torch.cuda.get_device_properties(0)
+    info.update(name=p.name, capability=f"sm_{p.major}{p.minor}")
+print(json.dumps(info))
+"""
+
+# (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
+PROBLEMS = [
+    ([(1, 1), (17, 33), (64, 64)], 4, 2, 64, True),
+    ([(5, 300), (128, 128)], 6, 1, 128, False),
+    ([(3, 40)], 2, 1, 256, True),
+]
+
+
+def _python_json(code: str, *args, env=None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()[-3000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def smoke(build_dirs: list[Path]) -> list[dict]:
+    gpu = _python_json(GPU_PROBE)
+    if "error" in gpu or not gpu.get("cuda"):
+        raise NothingToSmoke("nothing launched: torch sees no CUDA GPU on this machine "
+                             f"(torch.cuda.is_available() is False){gpu.get('error', '')}")
+    built = []
+    for d in build_dirs:
+        if (d / "manifest.json").is_file():
+            manifest, artifact = load_manifest(d)
+            built.append((manifest["arch"], artifact))
+    runnable = [(a, art) for a, art in built if a == gpu["capability"]]
+    if not runnable:
+        raise NothingToSmoke(
+            f"nothing launched: the GPU is {gpu['name']} ({gpu['capability']}), the builds are for "
+            f"{', '.join(a for a, _ in built) or 'nothing (run fa2patch build)'}")
+    results = []
+    for arch, artifact in runnable:
+        info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
+                            "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+        if "error" in info:
+            results.append({"arch": arch, "route": "load", "ok": False, "detail": info["error"]})
+            continue
+        if not info.get("routes"):
+            raise NothingToSmoke(f"nothing launched: {artifact} registers no routes "
+                                 "(build_info().routes is empty: no kernels in this patch series yet)")
+        for route in info["routes"]:
+            r = _python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),
+                             json.dumps(route), env=route.get("env"))
+            results.append({"arch": arch, "route": route["name"], **r,
+                            "ok": "error" not in r and all(c["ok"] for c in r["cases"])})
+    return results
+
+
+def probe_route() -> None:
+    """Subprocess side: run PROBLEMS through one route's operator and print the comparison."""
+    import torch
+
+    from .reference import attention_ref, compare
+
+    artifact, route = sys.argv[1], json.loads(sys.argv[2])
+    torch.ops.load_library(artifact)
+    op = getattr(torch.ops._vllm_fa2_C, route["op"])
+    torch.manual_seed(0)
+    cases = []
+    for seqs, hq, hk, d, causal in PROBLEMS:
+        cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))],
+                            dtype=torch.int32, device="cuda")
+        cu_k = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))],
+                            dtype=torch.int32, device="cuda")
+        q = torch.randn(int(cu_q[-1]), hq, d, dtype=torch.float16, device="cuda")
+        k = torch.randn(int(cu_k[-1]), hk, d, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        out = torch.full_like(q, float("nan"))
+        scale = d ** -0.5
+        op(q, k, v, out, cu_q, cu_k, None, None, None, None, max(s[0] for s in seqs),
+           max(s[1] for s in seqs), 0.0, scale, False, causal, -1, -1, 0.0, False, 0, None)
+        torch.cuda.synchronize()
+        for i, (sq, sk) in enumerate(seqs):
+            sl_q, sl_k = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+            ref, _ = attention_ref(q[sl_q], k[sl_k], v[sl_k], scale, causal)
+            ref16, _ = attention_ref(q[sl_q], k[sl_k], v[sl_k], scale, causal,
+                                     compute_dtype=torch.float16)
+            cases.append({"shape": f"sq={sq} sk={sk} hq={hq} hk={hk} d={d} causal={causal}",
+                          **compare(out[sl_q], ref, ref16)})
+    print(json.dumps({"cases": cases}))

@@ -1,0 +1,177 @@
+"""verify: the built extension has exactly vLLM's operators, and every kernel is in budget.
+
+1. Load the extension with torch in a subprocess and compare each `_vllm_fa2_C` operator
+   schema with the expected-schema file (both parsed by torch, compared as strings).
+2. Per kernel of the device code: registers, stack, shared and local memory (cuobjdump), spill
+   bytes (the build's ptxas -v log), compared with the budgets file.
+3. Kernels that must use tensor cores (the build description's globs): HMMA present and no
+   trap instruction in their SASS (a clang build without the nvcc version macros compiles
+   every CuTe MMA to a trap, DESIGN.md §5).
+"""
+
+import fnmatch
+import json
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import sass, toolchain
+from .build import tensor_core_kernel
+from .digest import sha256_file
+from .errors import CheckFailed, EnvironmentProblem, mismatch
+
+SCHEMA_PROBE = r"""
+import json, sys, torch
+lib, ns, expected = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+torch.ops.load_library(lib)
+names = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+               if n.startswith(ns + "::"))
+actual = {}
+for n in names:
+    op = getattr(getattr(torch.ops, ns), n)
+    actual[n] = [str(getattr(op, o)._schema) for o in op.overloads()]
+norm = {}
+for n, text in expected.items():
+    try:
+        norm[n] = str(torch._C.parse_schema(ns + "::" + text))
+    except RuntimeError as exc:
+        norm[n] = "UNPARSEABLE: " + str(exc).splitlines()[0]
+print(json.dumps({"actual": actual, "expected": norm}))
+"""
+
+
+@dataclass
+class Row:
+    kind: str  # "schema" or "kernel"
+    name: str
+    ok: bool
+    detail: str
+    numbers: dict | None = None
+
+
+def load_manifest(build_dir: Path) -> tuple[dict, Path]:
+    mpath = build_dir / "manifest.json"
+    if not mpath.is_file():
+        raise EnvironmentProblem(f"{mpath}: no build here (run fa2patch build)")
+    manifest = json.loads(mpath.read_text())
+    artifact = build_dir / manifest["artifact"]["file"]
+    if not artifact.is_file():
+        raise CheckFailed(f"{artifact}: listed in {mpath} but missing")
+    actual = sha256_file(artifact)
+    if actual != manifest["artifact"]["sha256"]:
+        raise CheckFailed(mismatch("sha256", str(artifact), manifest["artifact"]["sha256"], actual))
+    return manifest, artifact
+
+
+def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
+    if not path.is_file():
+        raise EnvironmentProblem(f"{path}: expected-schema file not found")
+    data = tomllib.loads(path.read_text())
+    return data["namespace"], dict(data["ops"])
+
+
+def check_schemas(artifact: Path, schemas_path: Path, python: str = sys.executable) -> list[Row]:
+    ns, expected = load_expected_schemas(schemas_path)
+    proc = subprocess.run([python, "-c", SCHEMA_PROBE, str(artifact), ns, json.dumps(expected)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return [Row("schema", "load", False, f"{artifact}: torch could not load it:\n"
+                    + proc.stderr.strip()[-2000:])]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = []
+    for name, want in got["expected"].items():
+        have = got["actual"].get(name)
+        if not have:
+            rows.append(Row("schema", name, False, f"{artifact}: operator {ns}::{name} is missing"))
+        elif have != [want]:
+            rows.append(Row("schema", name, False, mismatch("schema", f"{schemas_path} vs {artifact}",
+                                                              want, " | ".join(have))))
+        else:
+            rows.append(Row("schema", name, True, "exact match"))
+    for name in sorted(set(got["actual"]) - set(expected)):
+        rows.append(Row("schema", name, False, f"{artifact}: operator {ns}::{name} is not in "
+                                               f"{schemas_path}"))
+    return rows
+
+
+@dataclass
+class Budget:
+    max_registers: int = 255
+    max_spill_bytes: int = 0
+    max_shared_bytes: int = 96 * 1024
+
+
+def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
+    if not path.is_file():
+        raise EnvironmentProblem(f"{path}: budgets file not found")
+    data = tomllib.loads(path.read_text())
+    try:
+        default = Budget(**data.get("default", {}))
+        overrides = [(k.pop("pattern"), Budget(**{**default.__dict__, **k}))
+                     for k in [dict(x) for x in data.get("kernel", [])]]
+    except (TypeError, KeyError) as exc:
+        raise CheckFailed(f"{path}: malformed budgets: {exc!r}") from exc
+    for pattern, b in [("default", default), *overrides]:
+        if b.max_spill_bytes != 0:
+            raise CheckFailed(mismatch(f"max_spill_bytes of {pattern!r}", str(path), 0, b.max_spill_bytes)
+                              + "\n  (zero spills is a hard rule)")
+    return default, overrides
+
+
+def check_kernels(manifest: dict, artifact: Path, budgets_path: Path) -> list[Row]:
+    tool = toolchain.find_cuda12_binutil("cuobjdump")
+    if tool is None:
+        raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
+    default, overrides = load_budgets(budgets_path)
+    arch = manifest["arch"]
+    resources = [r for r in sass.parse_resource_usage(
+        sass.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
+    functions = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact))
+                 if f.arch == arch}
+    ptxas = {k["name"]: k for k in manifest["ptxas_kernels"]}
+    names = sorted({r.name for r in resources} | set(ptxas))
+    pretty = sass.demangle(names)
+    patterns = manifest["tensor_core_kernels"]
+    rows = []
+    by_name = {r.name: r for r in resources}
+    for name in names:
+        budget = next((b for pat, b in overrides if fnmatch.fnmatchcase(pretty[name], pat)
+                       or fnmatch.fnmatchcase(name, pat)), default)
+        res, px, fn = by_name.get(name), ptxas.get(name), functions.get(name)
+        problems = []
+        if res is None:
+            problems.append("in the ptxas log but not in the binary")
+        if px is None:
+            problems.append("no ptxas -v report for it (spills unknown)")
+        regs = res.registers if res else px["registers"]
+        spills = (px["spill_stores"] + px["spill_loads"]) if px else None
+        shared = res.shared if res else px["smem"]
+        if regs > budget.max_registers:
+            problems.append(f"registers expected <= {budget.max_registers}, actual {regs}")
+        if spills is not None and spills > budget.max_spill_bytes:
+            problems.append(f"spill bytes expected <= {budget.max_spill_bytes}, actual {spills}")
+        if shared > budget.max_shared_bytes:
+            problems.append(f"static shared memory expected <= {budget.max_shared_bytes}, actual {shared}")
+        hmma = fn.hmma if fn else 0
+        traps = fn.traps if fn else 0
+        if tensor_core_kernel(name, pretty[name], patterns):
+            if hmma == 0:
+                problems.append("tensor-core kernel without HMMA instructions")
+            if traps:
+                problems.append(f"tensor-core kernel with {traps} trap instruction(s)")
+        numbers = {"registers": regs, "spill_bytes": spills, "stack": res.stack if res else None,
+                   "shared": shared, "local": res.local if res else None, "hmma": hmma,
+                   "traps": traps}
+        rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems) or "ok", numbers))
+    for pat in patterns:
+        if not any(tensor_core_kernel(n, pretty[n], [pat]) for n in names):
+            rows.append(Row("kernel", pat, False, f"no kernel matches the tensor-core pattern {pat!r}"))
+    return rows
+
+
+def verify(build_dir: Path, schemas_path: Path, budgets_path: Path) -> tuple[dict, list[Row]]:
+    manifest, artifact = load_manifest(build_dir)
+    rows = check_schemas(artifact, schemas_path) + check_kernels(manifest, artifact, budgets_path)
+    return manifest, rows
