@@ -113,3 +113,27 @@ def require_toolchain():
         if os.environ.get("FA2PATCH_REQUIRE_TOOLCHAIN") == "1":
             pytest.fail(f"toolchain required but missing: {missing}")
         pytest.skip(f"sm_70 toolchain missing: {missing} (run the README's set-up command)")
+
+
+@pytest.fixture(scope="session")
+def real_project(tmp_path_factory) -> MiniProject:
+    """A copy of this repository's lock, patches, schemas and budgets in a temporary project.
+
+    Uses the user's archive cache (fetching the real baseline into it if needed)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("real") / "proj"
+    root.mkdir()
+    for name in ("baseline.lock", "budgets.toml"):
+        shutil.copy(REPO / name, root / name)
+    for name in ("patches", "schemas"):
+        shutil.copytree(REPO / name, root / name)
+    from fa2patch.project import user_cache_dir
+
+    return MiniProject(root, user_cache_dir(), user_cache_dir() / "archives")
+
+
+@pytest.fixture(scope="session")
+def real_workspace(real_project) -> Path:
+    real_project.run("replay")
+    return real_project.workspace

@@ -81,6 +81,15 @@ def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
+def clang_cuda_flags(arch: str, cuda_path: Path) -> list[str]:
+    """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder."""
+    return ["-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={cuda_path}",
+            # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist; without
+            # them every MMA silently compiles to a trap (DESIGN.md §5).
+            f"-D__CUDACC_VER_MAJOR__={CUDA_VERSION[0]}", f"-D__CUDACC_VER_MINOR__={CUDA_VERSION[1]}",
+            "-Xcuda-ptxas", "-v"]
+
+
 @dataclass
 class Plan:
     """Everything the ninja file and the manifest say about one build."""
@@ -114,16 +123,9 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
                                               "-ltorch_cuda"]
     if comp.kind == "clang":
         cuda_inc = comp.cuda_path / "include"
-        sm = arch.removeprefix("sm_")
         cxx = [*launcher, str(comp.path)]
         cxx_flags = [*common, f"-isystem{cuda_inc}"]
-        cuda_flags = [*common, "-x", "cuda", f"--cuda-gpu-arch=sm_{sm}",
-                      f"--cuda-path={comp.cuda_path}",
-                      # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist;
-                      # without them every MMA silently becomes a trap (DESIGN.md §5).
-                      f"-D__CUDACC_VER_MAJOR__={CUDA_VERSION[0]}",
-                      f"-D__CUDACC_VER_MINOR__={CUDA_VERSION[1]}",
-                      "-Xcuda-ptxas", "-v", "-Wno-unknown-cuda-version"]
+        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
         ptxas = comp.cuda_path / "bin" / "ptxas"

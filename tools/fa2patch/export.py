@@ -54,5 +54,5 @@ def export(lock: Lock, workspace: Path, patches_dir: Path) -> list[str]:
             tmp.replace(path)
             changed.append(name)
     lock.write_patches([PatchEntry(name, sha256_bytes(data), digest) for name, data, digest in rendered])
-    gitws.record_lock(gitws.open_repo(workspace), lock.series_fingerprint())
+    gitws.record_series(gitws.open_repo(workspace), lock.series_fingerprint())
     return changed

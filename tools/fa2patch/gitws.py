@@ -24,7 +24,7 @@ CONFIG = {
     "gc.auto": "0",
 }
 PRISTINE_TRAILER = "Fa2patch-Pristine: yes"
-LOCK_KEY = "fa2patch.lock-sha256"
+LOCK_KEY = "fa2patch.series"  # "<lock series fingerprint> <HEAD>" at the last replay/export
 
 
 def _env(identity: Identity | None = None) -> dict:
@@ -110,12 +110,14 @@ def diff(repo: git.Repo, parent: str, child: str) -> str:
     return out.decode("utf-8", "surrogateescape")
 
 
-def recorded_lock(repo: git.Repo) -> str | None:
+def recorded_series(repo: git.Repo) -> tuple[str, str] | None:
+    """(lock fingerprint, HEAD) recorded by the last replay or export, or None."""
     try:
-        return repo.git.config("--local", "--get", LOCK_KEY)
-    except git.GitCommandError:
+        fingerprint, head = repo.git.config("--local", "--get", LOCK_KEY).split()
+    except (git.GitCommandError, ValueError):
         return None
+    return fingerprint, head
 
 
-def record_lock(repo: git.Repo, lock_sha256: str) -> None:
-    repo.git.config("--local", LOCK_KEY, lock_sha256)
+def record_series(repo: git.Repo, fingerprint: str) -> None:
+    repo.git.config("--local", LOCK_KEY, f"{fingerprint} {repo.head.commit.hexsha}")

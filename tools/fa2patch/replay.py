@@ -48,10 +48,15 @@ def workspace_state(workspace: Path, lock: Lock) -> str:
     dirty = gitws.is_dirty(repo)
     if dirty:
         return f"{workspace}: uncommitted changes ({len(dirty)} paths, first: {dirty[0].strip()})"
-    recorded = gitws.recorded_lock(repo)
-    if recorded != lock.series_fingerprint():
-        return (f"{workspace}: made from another lock\n  expected: {lock.series_fingerprint()}\n"
-                f"  actual:   {recorded}  (export it first, or replay with --force)")
+    recorded = gitws.recorded_series(repo)
+    if recorded is None or recorded[0] != lock.series_fingerprint():
+        return (f"{workspace}: made from another lock (series fingerprint)\n"
+                f"  expected: {lock.series_fingerprint()}\n  actual:   {recorded and recorded[0]}"
+                "\n  (export it first, or replay with --force)")
+    if recorded[1] != repo.head.commit.hexsha:
+        return (f"{workspace}: commits since the last replay or export\n  expected HEAD: "
+                f"{recorded[1]}\n  actual HEAD:   {repo.head.commit.hexsha}\n  (export them first, "
+                "or replay with --force)")
     digest = tree_digest(workspace)
     if digest != lock.final_digest():
         return mismatch("tree digest", str(workspace), lock.final_digest(), digest)
@@ -114,4 +119,4 @@ def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
             raise CheckFailed(mismatch("tree digest after the patch", str(path),
                                        entry.tree_digest, digest))
         gitws.commit_all(repo, patch.message, lock.identity)
-    gitws.record_lock(repo, lock.series_fingerprint())
+    gitws.record_series(repo, lock.series_fingerprint())

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The patch-integrity gate (README command 1): install, fetch the pristine baseline, replay
+# the series from it into a fresh workspace, check the lock/patches/workspace agreement,
+# build _vllm_fa2_C for sm_70 and verify its schemas and kernel budgets.
+# Uses its own workspace (work/gate), so a developer's workspace is never touched.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash ci/install.sh
+
+fa2patch=.venv/bin/fa2patch
+ws=work/gate
+step() {
+    local start=$SECONDS
+    echo "[gate] fa2patch $*"
+    "$fa2patch" "$@"
+    echo "[gate] fa2patch $1: $((SECONDS - start)) s"
+}
+step doctor
+step fetch
+step replay --workspace "$ws" --force
+step check --workspace "$ws"
+step build --arch sm_70 --workspace "$ws"
+step verify --arch sm_70
+echo "[gate] passed"

@@ -1,0 +1,149 @@
+"""The sm_70 toolchain and the SASS reader, on tiny kernels built here with known answers."""
+
+import subprocess
+import textwrap
+
+import pytest
+
+from conftest import require_toolchain
+from fa2patch import sass, toolchain
+from fa2patch.build import clang_cuda_flags
+from fa2patch.verify import check_kernels
+
+MMA = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
+       "{%8,%9}, {%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};\" : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), "
+       "\"+f\"(d[3]), \"+f\"(d[4]), \"+f\"(d[5]), \"+f\"(d[6]), \"+f\"(d[7]) : \"r\"(a[0]), \"r\"(a[1]), "
+       "\"r\"(b[0]), \"r\"(b[1]));")
+
+# Three dependent mma.m8n8k4 (each is 4 HMMA.884 steps on sm_70: 12 in all) and a plain kernel.
+TINY = textwrap.dedent(f"""
+    __global__ void three_mma(const unsigned* in, float* out) {{
+      unsigned a[2] = {{in[threadIdx.x], in[threadIdx.x + 32]}};
+      unsigned b[2] = {{in[threadIdx.x + 64], in[threadIdx.x + 96]}};
+      float d[8] = {{0.f}};
+      {MMA}
+      {MMA}
+      {MMA}
+      for (int i = 0; i < 8; ++i) out[threadIdx.x * 8 + i] = d[i];
+    }}
+    __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
+""")
+
+
+@pytest.fixture(scope="module")
+def clang_cuda(tmp_path_factory):
+    require_toolchain()
+    d = tmp_path_factory.mktemp("cuda")
+    return toolchain.find_clang(), toolchain.assemble_cuda_path(d / "cuda-12.8")
+
+
+def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
+    clang, cuda = clang_cuda
+    src, obj = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text(source)
+    flags = clang_cuda_flags("sm_70", cuda)
+    if not macros:
+        flags = [f for f in flags if "__CUDACC_VER" not in f]
+    proc = subprocess.run([str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return obj, proc.stderr
+
+
+def test_hmma_count_matches_hand_count_and_resources_agree(clang_cuda, tmp_path):
+    obj, log = compile_cu(clang_cuda, TINY, tmp_path)
+    tool = toolchain.find_cuda12_binutil("cuobjdump")
+    funcs = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], obj))}
+    three = funcs["_Z9three_mmaPKjPf"]
+    assert three.arch == "sm_70"
+    assert three.hmma == 12 and three.traps == 0
+    assert sorted({op for op in three.opcodes if op.startswith("HMMA")}) == [
+        f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
+    assert funcs["_Z6no_mmaPf"].hmma == 0
+    ptxas = sass.parse_ptxas_log(log)
+    res = {r.name: r for r in sass.parse_resource_usage(sass.cuobjdump(tool, ["--dump-resource-usage"], obj))}
+    for name in ("_Z9three_mmaPKjPf", "_Z6no_mmaPf"):
+        assert ptxas[name].entry and ptxas[name].arch == "sm_70"
+        assert ptxas[name].registers == res[name].registers > 0
+        assert ptxas[name].spill_stores == 0
+
+
+def _manifest(log, patterns):
+    return {"arch": "sm_70", "tensor_core_kernels": patterns,
+            "ptxas_kernels": [vars(e) for e in sass.parse_ptxas_log(log).values() if e.entry]}
+
+
+def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
+    obj, log = compile_cu(clang_cuda, TINY, tmp_path)
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text("[default]\nmax_registers = 255\n[[kernel]]\npattern = 'three_mma*'\nmax_registers = 8\n")
+    rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["*_mma*"]), obj, budgets)}
+    assert not rows["three_mma"].ok and "registers expected <= 8" in rows["three_mma"].detail
+    assert not rows["no_mma"].ok and "without HMMA" in rows["no_mma"].detail
+    budgets.write_text("[default]\nmax_registers = 255\n")
+    rows = check_kernels(_manifest(log, ["three_mma*"]), obj, budgets)
+    assert all(r.ok for r in rows), rows
+
+
+def test_spill_budget_cannot_be_loosened(tmp_path):
+    from fa2patch.errors import CheckFailed
+    from fa2patch.verify import load_budgets
+
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text("[default]\nmax_spill_bytes = 16\n")
+    with pytest.raises(CheckFailed, match="zero spills is a hard rule"):
+        load_budgets(budgets)
+
+
+CUTE_MMA = textwrap.dedent("""
+    #include <cute/arch/mma_sm70.hpp>
+    __global__ void cute_mma(const unsigned* in, float* out) {
+      float d[8] = {0.f};
+      cute::SM70_8x8x4_F32F16F16F32_TN::fma(d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+          in[threadIdx.x], in[threadIdx.x + 32], in[threadIdx.x + 64], in[threadIdx.x + 96],
+          d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]);
+      for (int i = 0; i < 8; ++i) out[threadIdx.x * 8 + i] = d[i];
+    }
+""")
+
+
+def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path, real_workspace):
+    """DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
+    inc = f"-I{real_workspace / 'csrc' / 'cutlass' / 'include'}"
+    tool = toolchain.find_cuda12_binutil("cuobjdump")
+    good, good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
+    (f,) = sass.parse_sass(sass.cuobjdump(tool, ["-sass"], good))
+    assert f.hmma == 4 and f.traps == 0
+    (tmp_path / "bad").mkdir()
+    bad, bad_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path / "bad", [inc], macros=False)
+    (f,) = sass.parse_sass(sass.cuobjdump(tool, ["-sass"], bad))
+    assert f.hmma == 0 and f.traps > 0
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text("[default]\n")
+    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets)
+    assert not row.ok and "without HMMA" in row.detail and "trap" in row.detail
+
+
+def test_synthetic_listing_parsers():
+    listing = textwrap.dedent("""
+        Fatbin elf code:
+        ================
+        arch = sm_70
+                Function : _Z1kv
+            /*0000*/                   MOV R1, c[0x0][0x28] ;
+            /*0010*/              @!P0 BRA 0x80 ;
+            /*0020*/                   HMMA.884.F32.F32.STEP0 R4, R12.reuse.ROW, R14.reuse.COL, RZ ;
+            /*0030*/                   STL [R1], R2 ;
+            /*0040*/                   BPT.TRAP 0x1 ;
+    """)
+    (f,) = sass.parse_sass(listing)
+    assert (f.name, f.arch, f.opcodes) == ("_Z1kv", "sm_70", ["MOV", "BRA", "HMMA.884.F32.F32.STEP0", "STL", "BPT.TRAP"])
+    assert (f.hmma, f.traps, f.local_memory_ops) == (1, 1, 1)
+    log = ("ptxas info    : Compiling entry function '_Z1kv' for 'sm_70'\n"
+           "ptxas info    : Function properties for _Z1kv\n"
+           "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, 49152 bytes smem, 376 bytes cmem[0]\n")
+    e = sass.parse_ptxas_log(log)["_Z1kv"]
+    assert (e.entry, e.registers, e.stack, e.spill_stores, e.spill_loads, e.smem) == (True, 255, 24, 8, 12, 49152)
+    res = sass.parse_resource_usage("arch = sm_70\n Function _Z1kv:\n  REG:40 STACK:8 SHARED:1024 LOCAL:4 CONSTANT[0]:376\n")
+    assert [(r.name, r.registers, r.stack, r.shared, r.local) for r in res] == [("_Z1kv", 40, 8, 1024, 4)]
