@@ -247,7 +247,7 @@ def smoke(ctx, archs, as_json):
 
 def main():
     try:
-        cli.main(standalone_mode=False)
+        cli.main(prog_name="fa2patch", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU lab run (H200, nvcc 13, no network): replay from the carried sdist, build the sm_90
+# lab variant with nvcc, verify it, smoke it and run tests/gpu. Carry `.lab/` with the sdist
+# and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit):
+#   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit
+#   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
+# Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-$PWD/lab-out}
+mkdir -p "$out"
+if compgen -G ".lab/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/fa2patch-site .lab/*.whl || exit 2
+    export PYTHONPATH=/tmp/fa2patch-site
+fi
+export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
+export FA2PATCH_CACHE=${FA2PATCH_CACHE:-/tmp/fa2patch-cache} FA2PATCH_ROOT=$PWD
+f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
+sdist=(); [ -f .lab/flash_attn-2.8.3.tar.gz ] && sdist=(--sdist .lab/flash_attn-2.8.3.tar.gz)
+python3 -c 'import torch, sys; print("[lab] python", sys.version.split()[0], "torch", torch.__version__,
+    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+f fetch "${sdist[@]}" || exit 2
+f replay --workspace work/lab --force || exit 1
+f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
+rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
+status=0
+f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; echo "[lab] smoke exit ${PIPESTATUS[0]}"
+FA2PATCH_REQUIRE_GPU_BUILD=1 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu \
+    --junitxml "$out/gpu-junit.xml" || status=1
+echo "[lab] status $status"
+exit $status

@@ -1,0 +1,103 @@
+"""CLI behaviour: help, JSON, exit codes and error messages for bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke"]
+
+
+def fa2patch(*args, env=None, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command):
+    proc = fa2patch(command, "--help")
+    assert proc.returncode == 0 and "Usage: fa2patch " + command in proc.stdout
+    assert "--json" in proc.stdout
+
+
+def test_top_level_help_documents_exit_codes():
+    proc = fa2patch("--help")
+    assert proc.returncode == 0
+    for code in ("0 ok", "1 a check", "2 usage", "3 nothing to smoke"):
+        assert code in proc.stdout.replace("\n", " ").replace("  ", " ")
+
+
+def test_unknown_option_is_a_usage_error():
+    assert fa2patch("build", "--no-such-flag").returncode == 2
+
+
+def test_outside_a_project_names_the_missing_lock(tmp_path):
+    proc = fa2patch("check", cwd=tmp_path, env={"FA2PATCH_ROOT": ""})
+    assert proc.returncode == 2 and "baseline.lock" in proc.stderr
+
+
+def test_missing_lock_via_root(tmp_path):
+    proc = fa2patch("check", env={"FA2PATCH_ROOT": str(tmp_path)})
+    assert proc.returncode == 2 and str(tmp_path / "baseline.lock") in proc.stderr
+
+
+def test_malformed_lock_names_file_and_field(mini):
+    lock = mini.root / "baseline.lock"
+    lock.write_text(lock.read_text().replace('sha256 = "', 'sha256 = "zz'))
+    proc = mini.run("check", check_rc=1)
+    assert str(lock) in proc.stderr and "[baseline] sha256" in proc.stderr
+
+
+def test_doctor_json_lists_components_with_install_commands():
+    items = json.loads(fa2patch("doctor", "--json").stdout)
+    names = {i["name"] for i in items}
+    assert {"torch", "ninja", "clang++-22", "fatbinary", "cuobjdump", "git"} <= names
+    assert all(i["install"] for i in items)
+
+
+def test_unsupported_arch_names_build_description_expected_and_actual(real_workspace, real_project):
+    proc = real_project.run("build", "--arch", "sm_50", check_rc=2)
+    assert "fa2patch-build.toml" in proc.stderr and "sm_70" in proc.stderr and "sm_50" in proc.stderr
+
+
+def test_missing_toolchain_fails_fast_with_install_command(real_workspace, real_project):
+    env = {**real_project.env, "FA2PATCH_CLANG": "/nonexistent/clang++-22", "PATH": "/usr/bin:/bin",
+           "CUDA_HOME": ""}
+    proc = subprocess.run([sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70",
+                           "--cuda-compiler", "clang"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2
+    assert "clang++-22: not found" in proc.stderr and "apt-get install -y clang-22" in proc.stderr
+
+
+def test_nvcc_that_cannot_target_sm70_is_named(real_workspace, real_project, tmp_path):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 13.0, V13.0.88';;"
+                    " --list-gpu-arch) echo compute_75 compute_90;; esac\n")
+    fake.chmod(0o755)
+    env = {**real_project.env, "FA2PATCH_NVCC": str(fake)}
+    proc = subprocess.run([sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70",
+                           "--cuda-compiler", "nvcc"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "CUDA 13.0 cannot target sm_70" in proc.stderr
+
+
+def test_build_without_workspace_is_an_environment_error(mini):
+    proc = mini.run("build", check_rc=2)
+    assert "workspace not found" in proc.stderr
+
+
+def test_verify_without_build_is_an_environment_error(mini):
+    proc = mini.run("verify", check_rc=2)
+    assert "no build here" in proc.stderr
+
+
+def test_smoke_exits_3_when_nothing_can_be_launched(mini):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: tests/gpu covers smoke there")
+    proc = mini.run("smoke", check_rc=3)
+    assert "nothing launched" in proc.stderr and "torch.cuda.is_available() is False" in proc.stderr

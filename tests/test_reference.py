@@ -1,0 +1,75 @@
+"""The FP32 reference against a per-query loop written from the definitions in its docstring."""
+
+import math
+
+import pytest
+import torch
+
+from fa2patch.reference import attention_ref, compare
+
+
+def naive(q, k, v, scale, causal, window, softcap, slopes):
+    sq, hq, d = q.shape
+    sk, hk, _ = k.shape
+    out = torch.zeros(sq, hq, d, dtype=torch.float64)
+    lse = torch.zeros(hq, sq, dtype=torch.float64)
+    left, right = window
+    if causal:
+        right = 0
+    for h in range(hq):
+        kh = h // (hq // hk)
+        for i in range(sq):
+            row = i + sk - sq
+            scores, keys = [], []
+            for j in range(sk):
+                if right >= 0 and j > row + right:
+                    continue
+                if left >= 0 and j < row - left:
+                    continue
+                s = float(q[i, h].double() @ k[j, kh].double()) * scale
+                if softcap > 0:
+                    s = softcap * math.tanh(s / softcap)
+                if slopes is not None:
+                    s -= float(slopes[h]) * abs(row - j)
+                scores.append(s)
+                keys.append(j)
+            if not scores:
+                lse[h, i] = math.inf
+                continue
+            m = max(scores)
+            total = sum(math.exp(s - m) for s in scores)
+            lse[h, i] = m + math.log(total)
+            for s, j in zip(scores, keys):
+                out[i, h] += math.exp(s - m) / total * v[j, kh].double()
+    return out, lse
+
+
+@pytest.mark.parametrize("sq, sk, hq, hk, causal, window, softcap, alibi", [
+    (5, 5, 2, 1, False, (-1, -1), 0.0, False),
+    (3, 9, 4, 2, True, (-1, -1), 0.0, False),   # bottom-right causal
+    (9, 3, 2, 2, True, (-1, -1), 0.0, False),   # first rows fully masked
+    (7, 11, 3, 1, False, (2, 1), 0.0, False),   # sliding window
+    (4, 6, 2, 1, True, (-1, -1), 5.0, True),    # softcap and ALiBi
+])
+def test_reference_matches_naive_definition(sq, sk, hq, hk, causal, window, softcap, alibi):
+    g = torch.Generator().manual_seed(sq * 100 + sk)
+    q, k, v = (torch.randn(n, h, 16, generator=g).half() for n, h in ((sq, hq), (sk, hk), (sk, hk)))
+    slopes = torch.rand(hq, generator=g) if alibi else None
+    out, lse = attention_ref(q, k, v, 0.25, causal, window, softcap, slopes)
+    exp_out, exp_lse = naive(q, k, v, 0.25, causal, window, softcap, slopes)
+    assert torch.allclose(out.double(), exp_out, atol=1e-5)
+    finite = torch.isfinite(exp_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert torch.allclose(lse.double()[finite], exp_lse[finite], atol=1e-5)
+    if causal and sq > sk:
+        assert torch.all(out[: sq - sk] == 0) and torch.all(torch.isinf(lse[:, : sq - sk]))
+
+
+def test_compare_applies_the_numerics_contract():
+    ref = torch.ones(4, 2, 8)
+    fp16 = ref + 5e-4
+    assert compare(ref + 5e-4, ref, fp16)["ok"]
+    assert not compare(ref + 1e-2, ref, fp16)["ok"]  # beyond 2x the fp16 error
+    bad = ref.clone()
+    bad[0, 0, 0] = float("nan")
+    assert not compare(bad, ref, fp16)["ok"]
