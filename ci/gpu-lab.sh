@@ -14,6 +14,9 @@ if compgen -G ".lab/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/fa2patch-site
 fi
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
+# The lab image's $CXX (/opt/gcc) links libstdc++ statically, which breaks the extension
+# (verify checks it): build with the system compiler that nvcc uses.
+unset CXX CC
 export FA2PATCH_CACHE=${FA2PATCH_CACHE:-/tmp/fa2patch-cache} FA2PATCH_ROOT=$PWD
 f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
 sdist=(); [ -f .lab/flash_attn-2.8.3.tar.gz ] && sdist=(--sdist .lab/flash_attn-2.8.3.tar.gz)

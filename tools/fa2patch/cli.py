@@ -202,8 +202,8 @@ def verify(ctx, arch, as_json):
         click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"],
                                "rows": [asdict(r) for r in rows]}, indent=1))
     else:
-        click.echo(_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows if r.kind == "schema"],
-                          ["operator", "status", "detail"]))
+        click.echo(_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
+                           if r.kind in ("link", "schema")], ["check", "status", "detail"]))
         kernels = [r for r in rows if r.kind == "kernel"]
         click.echo("")
         if kernels:

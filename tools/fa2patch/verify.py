@@ -11,6 +11,7 @@
 
 import fnmatch
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -171,7 +172,25 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path) -> list[Ro
     return rows
 
 
+def check_linkage(artifact: Path) -> list[Row]:
+    """The extension must share torch's libstdc++: a statically linked copy has its own locale
+    tables, and C++ stream formatting across the torch boundary then crashes (seen on the lab
+    machine, whose $CXX links libstdc++ statically: every error message with a number segfaulted)."""
+    try:
+        out = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise EnvironmentProblem(f"readelf: cannot read {artifact}: {exc}\n  install: "
+                                 "apt-get install -y binutils") from exc
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+    ok = any(n.startswith("libstdc++.so") for n in needed)
+    return [Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
+                mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
+                + "\n  (the host compiler linked libstdc++ statically; use the system g++/clang++)")]
+
+
 def verify(build_dir: Path, schemas_path: Path, budgets_path: Path) -> tuple[dict, list[Row]]:
     manifest, artifact = load_manifest(build_dir)
-    rows = check_schemas(artifact, schemas_path) + check_kernels(manifest, artifact, budgets_path)
+    rows = (check_linkage(artifact) + check_schemas(artifact, schemas_path)
+            + check_kernels(manifest, artifact, budgets_path))
     return manifest, rows
