@@ -1,73 +1,10 @@
 import hashlib
-import io
-import os
-import subprocess
-import sys
 import tarfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-IDENTITY = ("fa2patch-test", "test@localhost", "2025-01-01T00:00:00+00:00")
-
-
-def reference_digest(files: dict[str, tuple[int, bytes]]) -> str:
-    """The tree digest, recomputed here from its definition (not with fa2patch.digest)."""
-    lines = [f"{'100755' if mode & 0o111 else '100644'} {hashlib.sha256(data).hexdigest()} {p}\n"
-             for p, (mode, data) in sorted(files.items(), key=lambda kv: kv[0].encode())]
-    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def make_tar(path: Path, members: list[tarfile.TarInfo | tuple[tarfile.TarInfo, bytes]]) -> Path:
-    with tarfile.open(path, "w:gz") as tar:
-        for m in members:
-            info, data = m if isinstance(m, tuple) else (m, None)
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return path
-
-
-def file_member(name: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), mode
-    return info, data
-
-
-MINI_FILES = {
-    "README": (0o644, b"mini baseline\n"),
-    "src/kernel.cu": (0o644, b"// kernel\nint a = 1;\nint b = 2;\nint c = 3;\n"),
-    "src/api.cpp": (0o644, b"#include <x>\n\nvoid f() {\n  return;\n}\n"),
-    "tools/run.sh": (0o755, b"#!/bin/sh\necho run\n"),
-}
-
-
-@dataclass
-class MiniProject:
-    root: Path
-    cache: Path
-    archive: Path
-
-    @property
-    def env(self) -> dict:
-        return {**os.environ, "FA2PATCH_ROOT": str(self.root), "FA2PATCH_CACHE": str(self.cache)}
-
-    @property
-    def workspace(self) -> Path:
-        return self.root / "work" / "flash-attn"
-
-    def run(self, *args, check_rc: int | None = 0) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True,
-                              text=True, env=self.env, cwd=self.root)
-        if check_rc is not None:
-            assert proc.returncode == check_rc, (args, proc.returncode, proc.stdout, proc.stderr)
-        return proc
-
-    def git(self, *args, cwd=None) -> str:
-        env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "dev",
-               "GIT_AUTHOR_EMAIL": "dev@x", "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@x"}
-        return subprocess.run(["git", *args], cwd=cwd or self.workspace, env=env, check=True,
-                              capture_output=True, text=True).stdout
+from helpers import IDENTITY, MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest
 
 
 @pytest.fixture
@@ -100,19 +37,6 @@ email = "{IDENTITY[1]}"
 date = "{IDENTITY[2]}"
 ''')
     return MiniProject(root, tmp_path / "cache", archive)
-
-
-def require_toolchain():
-    """Skip without the sm_70 toolchain, unless CI demands it (FA2PATCH_REQUIRE_TOOLCHAIN=1)."""
-    from fa2patch import toolchain
-
-    missing = [n for n, ok in (("clang++-22", toolchain.find_clang()), ("fatbinary", toolchain.find_fatbinary()),
-                               ("nvidia-cuda-nvcc-cu12", toolchain.nvidia_wheel_dir("cuda_nvcc")),
-                               ("cuobjdump", toolchain.find_cuda12_binutil("cuobjdump"))) if not ok]
-    if missing:
-        if os.environ.get("FA2PATCH_REQUIRE_TOOLCHAIN") == "1":
-            pytest.fail(f"toolchain required but missing: {missing}")
-        pytest.skip(f"sm_70 toolchain missing: {missing} (run the README's set-up command)")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke"]
 

@@ -1,7 +1,7 @@
 import os
 import subprocess
 
-from conftest import MINI_FILES, reference_digest
+from helpers import MINI_FILES, reference_digest
 from fa2patch import gitws
 from fa2patch.digest import git_tree_digest, tree_digest
 from fa2patch.lockfile import Identity

@@ -2,7 +2,7 @@ import tarfile
 
 import pytest
 
-from conftest import MINI_FILES, file_member, make_tar, reference_digest
+from helpers import MINI_FILES, file_member, make_tar, reference_digest
 from fa2patch.digest import tree_digest
 from fa2patch.errors import CheckFailed
 from fa2patch.extract import safe_extract

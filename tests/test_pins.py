@@ -1,6 +1,6 @@
 import tomllib
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_lock_toolchain_pins_match_pyproject_build_extra():

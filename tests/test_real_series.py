@@ -8,7 +8,7 @@ import tomllib
 
 import pytest
 
-from conftest import REPO, require_toolchain
+from helpers import REPO, require_toolchain
 
 
 def test_replay_is_deterministic_and_matches_the_lock(real_project, real_workspace, tmp_path):

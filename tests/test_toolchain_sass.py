@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from conftest import require_toolchain
+from helpers import require_toolchain
 from fa2patch import sass, toolchain
 from fa2patch.build import clang_cuda_flags
 from fa2patch.verify import check_kernels
