@@ -44,6 +44,7 @@ class BuildDescription:
     defines: list[str]
     host_sources: list[str]
     archs: dict[str, ArchSpec] = field(default_factory=dict)
+    system_include_dirs: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, tree: Path) -> "BuildDescription":
@@ -58,7 +59,7 @@ class BuildDescription:
                                  spec.get("tensor_core_kernels", []), bool(spec.get("lab", False)))
                      for a, spec in data.get("arch", {}).items()}
             desc = cls(path, ext["name"], ext["include_dirs"], ext.get("defines", []),
-                       ext["host_sources"], archs)
+                       ext["host_sources"], archs, ext.get("system_include_dirs", []))
         except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckFailed(f"{path}: malformed build description: {exc!r}") from exc
         for src in desc.host_sources + [s for a in archs.values() for s in a.cuda_sources]:
@@ -116,7 +117,8 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}",
     ]
     includes = [f"-I{tree / d}" for d in desc.include_dirs] + [
-        f"-isystem{p}" for p in torch["include"] + [torch["python_include"]]]
+        f"-isystem{p}" for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"],
+                                 torch["python_include"]]]
     common = ["-std=c++17", "-O3", "-fPIC", *defines, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + ["-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu",

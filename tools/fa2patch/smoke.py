@@ -1,9 +1,9 @@
 """smoke: launch each route the build registers on small problems, against an FP32 reference.
 
-A route is declared by the extension's ``build_info()`` JSON as
-``{"name": ..., "op": "varlen_fwd", "env": {VAR: value}}``: the operator to call and the
-environment that selects it (for example the lab switch that forces the SM70 kernels).
-Each route runs in its own subprocess with that environment.
+The extension's ``build_info()`` JSON lists its routes, each either a name (an SM70 route:
+called through ``varlen_fwd`` with the lab switch FA2PATCH_FORCE_SM70=1, so it runs on any
+GPU) or an object ``{"name": ..., "op": ..., "env": {VAR: value}}`` naming the operator and
+the environment that selects it. Each route runs in its own subprocess with that environment.
 """
 
 import json
@@ -65,12 +65,18 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
         if not info.get("routes"):
             raise NothingToSmoke(f"nothing launched: {artifact} registers no routes "
                                  "(build_info().routes is empty: no kernels in this patch series yet)")
-        for route in info["routes"]:
+        for route in map(_route, info["routes"]):
             r = _python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),
                              json.dumps(route), env=route.get("env"))
             results.append({"arch": arch, "route": route["name"], **r,
                             "ok": "error" not in r and all(c["ok"] for c in r["cases"])})
     return results
+
+
+def _route(entry) -> dict:
+    if isinstance(entry, str):
+        return {"name": entry, "op": "varlen_fwd", "env": {"FA2PATCH_FORCE_SM70": "1"}}
+    return entry
 
 
 def probe_route() -> None:
