@@ -113,3 +113,16 @@ print(json.dumps({"info": info, "raised": raised}))
     assert result["info"]["library"] == "_vllm_fa2_C" and result["info"]["routes"] == []
     assert result["info"]["sm70_kernels"] is False
     assert result["raised"] is not None
+
+
+def test_build_is_reproducible_from_another_project_folder(built_sm70, real_project, tmp_path):
+    """The same locked series built in another folder gives a byte-identical extension."""
+    other = tmp_path / "elsewhere"
+    shutil.copytree(real_project.root, other, ignore=shutil.ignore_patterns("work", "build"))
+    env = {**real_project.env, "FA2PATCH_ROOT": str(other)}
+    for args in (["replay"], ["build", "--arch", "sm_70"]):
+        subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True,
+                       capture_output=True)
+    mine = json.loads((built_sm70 / "manifest.json").read_text())["artifact"]["sha256"]
+    theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())["artifact"]["sha256"]
+    assert theirs == mine

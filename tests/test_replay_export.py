@@ -130,3 +130,10 @@ def test_unlisted_patch_file_fails_check(series):
     (series.root / "patches" / "0003-stray.patch").write_text("x")
     proc = series.run("check", "--json", check_rc=1)
     assert "0003-stray.patch" in proc.stdout and "not listed" in proc.stdout
+
+
+def test_missing_patch_fails_replay_and_check(series):
+    (series.root / "patches" / "0002-second-add-a-file.patch").unlink()
+    proc = series.run("replay", "--force", check_rc=1)
+    assert "0002-second-add-a-file.patch: listed in baseline.lock but missing" in proc.stderr
+    assert "listed in the lock but missing" in series.run("check", check_rc=1).stdout

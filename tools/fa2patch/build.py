@@ -119,7 +119,9 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     includes = [f"-I{tree / d}" for d in desc.include_dirs] + [
         f"-isystem{p}" for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"],
                                  torch["python_include"]]]
-    common = ["-std=c++17", "-O3", "-fPIC", *defines, *includes]
+    # Map the workspace path away so that the artifact does not depend on where it was built.
+    prefix_map = f"-ffile-prefix-map={tree}=fa2"
+    common = ["-std=c++17", "-O3", "-fPIC", prefix_map, *defines, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + ["-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu",
                                               "-ltorch_cuda"]
@@ -139,7 +141,8 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         sm = arch.removeprefix("sm_")
         cxx = [*launcher, str(host)]
         cxx_flags = [*common, f"-isystem{cuda_home / 'include'}"]
-        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *defines, *includes,
+        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-Xcompiler={prefix_map}",
+                      *defines, *includes,
                       f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
                       "--expt-relaxed-constexpr", "--expt-extended-lambda", f"-ccbin={host}"]
         link = [str(host)]
@@ -195,6 +198,8 @@ def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
     desc = BuildDescription.load(tree)
     spec = desc.arch(arch)
     build_dir.mkdir(parents=True, exist_ok=True)
+    # A failed build must not leave the previous manifest describing a new, half-built tree.
+    (build_dir / "manifest.json").unlink(missing_ok=True)
     p = plan(desc, arch, tree, build_dir, compiler_choice)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} "
