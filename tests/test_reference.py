@@ -29,7 +29,9 @@ def naive(q, k, v, scale, causal, window, softcap, slopes):
                 s = float(q[i, h].double() @ k[j, kh].double()) * scale
                 if softcap > 0:
                     s = softcap * math.tanh(s / softcap)
-                if slopes is not None:
+                if slopes is not None and causal:
+                    s += float(slopes[h]) * j  # FA2's causal ALiBi: a row-independent bias
+                elif slopes is not None:
                     s -= float(slopes[h]) * abs(row - j)
                 scores.append(s)
                 keys.append(j)

@@ -3,7 +3,9 @@
 Semantics follow FA2's forward: causal masks are bottom-right aligned when seqlen_q differs
 from seqlen_k; a sliding window (left, right) keeps key j for query i when
 ``i + sk - sq - left <= j <= i + sk - sq + right`` (negative means unbounded); softcap is
-``cap * tanh(s / cap)`` applied to the scaled scores; ALiBi adds ``-slope * |i + sk - sq - j|``.
+``cap * tanh(s / cap)`` applied to the scaled scores; ALiBi adds ``-slope * |i + sk - sq - j|``,
+or, for causal attention, ``slope * j`` (FA2's kernels do this: the same softmax, since the two
+differ by a per-row constant, but a different softmax_lse).
 Rows whose keys are all masked give zeros and an LSE of +inf (FA2's convention).
 """
 
@@ -29,7 +31,8 @@ def attention_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, al
     i = torch.arange(sq, device=q.device).view(-1, 1) + (sk - sq)
     j = torch.arange(sk, device=q.device).view(1, -1)
     if alibi_slopes is not None:
-        s = s - alibi_slopes.float().view(-1, 1, 1) * (i - j).abs().view(1, sq, sk)
+        slopes = alibi_slopes.float().view(-1, 1, 1)
+        s = s + slopes * j.view(1, 1, sk) if causal else s - slopes * (i - j).abs().view(1, sq, sk)
     left, right = window
     if causal:
         right = 0
