@@ -116,9 +116,9 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         f"-DTORCH_EXTENSION_NAME={desc.name}", "-DNDEBUG",
         f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}",
     ]
-    includes = [f"-I{tree / d}" for d in desc.include_dirs] + [
-        f"-isystem{p}" for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"],
-                                 torch["python_include"]]]
+    includes = [f"-I{tree / d}" for d in desc.include_dirs]
+    for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
+        includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
     # Map the workspace path away so that the artifact does not depend on where it was built.
     prefix_map = f"-ffile-prefix-map={tree}=fa2"
     common = ["-std=c++17", "-O3", "-fPIC", prefix_map, *defines, *includes]
@@ -128,7 +128,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     if comp.kind == "clang":
         cuda_inc = comp.cuda_path / "include"
         cxx = [*launcher, str(comp.path)]
-        cxx_flags = [*common, f"-isystem{cuda_inc}"]
+        cxx_flags = [*common, "-isystem", str(cuda_inc)]
         cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
@@ -140,7 +140,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         cuda_home = comp.path.parent.parent
         sm = arch.removeprefix("sm_")
         cxx = [*launcher, str(host)]
-        cxx_flags = [*common, f"-isystem{cuda_home / 'include'}"]
+        cxx_flags = [*common, "-isystem", str(cuda_home / "include")]
         cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-Xcompiler={prefix_map}",
                       *defines, *includes,
                       f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
