@@ -122,8 +122,8 @@ class NumericsSummary:
     def record(self, family: str, case: str, result: dict) -> None:
         row = {"family": family, "case": case}
         for key in (*self.METRICS, "bar", "rel_l2_worst_seq", *self.FLAGS, "raised", "message",
-                    "error", "seconds", "seconds_op"):
-            if result.get(key) is not None:
+                    "error", "device_ok", "out_untouched", "seconds", "seconds_op"):
+            if result.get(key) is not None or (key == "raised" and key in result):
                 row[key] = result[key]
         row["ok"] = bool(result.get("ok"))
         self.rows.append(row)
@@ -148,7 +148,7 @@ class NumericsSummary:
                     fam["worst"][flag] = fam["worst"].get(flag, True) and bool(row[flag])
         for fam in families.values():
             fam["worst"] = {k: _json_number(v) for k, v in fam["worst"].items()}
-        return {"cases": len(self.rows), "ok": all(r["ok"] for r in self.rows),
+        return {"cases": len(self.rows), "ok": all(r["ok"] for r in self.rows) if self.rows else None,
                 "failed": [f"{r['family']}/{r['case']}" for r in self.rows if not r["ok"]],
                 "families": families}
 

@@ -1,0 +1,348 @@
+"""The numerics contract of the SM70 route (DESIGN.md section 7), on any GPU.
+
+Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=1 (a crash or a
+CUDA fault in one case cannot take the others down) and compares ``varlen_fwd``, called the way
+vLLM calls it (22 positional arguments, results in a NaN-filled ``out``), against the FP32
+reference: FA2's bar, relative L2 <= 1e-3, finite outputs, softmax_lse within 1e-3, and bitwise
+determinism where a case asks for it. The small cases are started up front, a few at a time
+(FA2PATCH_GPU_JOBS, default 6), because a subprocess spends most of its time importing torch.
+Cases marked ``slow`` run with FA2PATCH_SLOW=1. Every result goes to the session's numerics
+summary (``$FA2PATCH_GPU_SUMMARY``, see conftest.py).
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("sm70_cases.py")
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+FORCE = {"FA2PATCH_FORCE_SM70": "1"}
+TIMEOUT_S = 300
+SLOW_TIMEOUT_S = 3600
+LSE_TOL = 1e-3
+# A typed error from a check (TORCH_CHECK and friends). torch.AcceleratorError (a CUDA fault
+# surfacing at a synchronisation) is not one: it means the kernel already misbehaved.
+TYPED_ERRORS = {"RuntimeError", "ValueError", "TypeError", "IndexError", "NotImplementedError"}
+
+
+@dataclass(eq=False)
+class Case:
+    family: str
+    name: str
+    spec: dict
+    slow: bool = False
+    expect: dict = field(default_factory=dict)  # bad-input cases: what the error must look like
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}/{self.name}"
+
+    @property
+    def timeout(self) -> int:
+        return SLOW_TIMEOUT_S if self.slow else TIMEOUT_S
+
+
+# --------------------------------------------------------------------------------------------
+# The grid. Every case is small unless marked slow (the H200 emulates Volta's mma.m8n8k4 at
+# about 17 TFLOP/s).
+
+PREFILL = [(1, 1), (37, 90), (128, 128), (0, 5), (5, 0)]
+DECODE = [(1, 1), (1, 15), (1, 16), (1, 17), (1, 300), (1, 513)]          # block boundaries
+CHUNKED = [(16, 300), (1, 17), (40, 40), (7, 513), (0, 33)]               # chunked prefill
+NUMERICS: list[Case] = []
+
+
+def case(family, name, slow=False, **spec):
+    spec.setdefault("seed", len(NUMERICS) + 1)
+    NUMERICS.append(Case(family, name, spec, slow))
+
+
+def mode(causal):
+    return "causal" if causal else "full"
+
+
+# Head dims: the supported set, 80 (not a multiple of 32) and 40 (not a multiple of 16).
+for d in (32, 40, 64, 80, 96, 128, 192, 256):
+    for causal in (False, True):
+        case("head_dims", f"d{d}-{mode(causal)}", seqlens=PREFILL, hq=4, hkv=2, d=d, causal=causal)
+
+# GQA: hq/hkv in {1, 2, 6, 8} with two KV heads (a wrong head mapping shows), and the
+# reference model's 6:1 at head dim 256.
+for hq, hkv, d in ((2, 2, 64), (4, 2, 64), (12, 2, 64), (16, 2, 64), (6, 1, 256)):
+    for causal in (False, True):
+        case("gqa", f"hq{hq}-hkv{hkv}-d{d}-{mode(causal)}",
+             seqlens=[(1, 1), (33, 70), (96, 96), (3, 0), (100, 37)], hq=hq, hkv=hkv, d=d, causal=causal)
+
+# Sliding window.
+WIN_SEQS = PREFILL + [(60, 40)]
+case("window", "16-0-causal-d128", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, causal=True, window=[16, 0])
+case("window", "16-0-full-d64", seqlens=WIN_SEQS, hq=4, hkv=2, d=64, window=[16, 0])
+case("window", "8-8-full-d128", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, window=[8, 8])
+case("window", "8-8-causal-d64", seqlens=WIN_SEQS, hq=4, hkv=1, d=64, causal=True, window=[8, 8])
+case("window", "0-0-full-d64", seqlens=WIN_SEQS, hq=2, hkv=2, d=64, window=[0, 0])
+case("window", "64-32-long-d96", seqlens=[(200, 300), (300, 200)], hq=2, hkv=1, d=96, window=[64, 32])
+case("window", "16-0-paged-decode", seqlens=[(1, 100), (1, 5), (1, 40)], hq=8, hkv=2, d=128,
+     causal=True, window=[16, 0], page_size=16)   # a window disables the seqlen_q/ngroups swap
+
+# Softcap.
+for causal in (False, True):
+    case("softcap", f"30-{mode(causal)}-d128", seqlens=PREFILL, hq=4, hkv=2, d=128, causal=causal, softcap=30.0)
+case("softcap", "30-saturated-d64", seqlens=PREFILL, hq=4, hkv=2, d=64, softcap=30.0, magnitude=10.0,
+     ref_dtype="float64")
+case("softcap", "30-paged-decode-d256", seqlens=DECODE, hq=8, hkv=4, d=256, causal=True, softcap=30.0,
+     page_size=16)
+
+# ALiBi (FA2's conventions: -slope*|i - j| without causal, slope*j with causal).
+for d in (64, 128):
+    for causal in (False, True):
+        case("alibi", f"d{d}-{mode(causal)}", seqlens=PREFILL, hq=4, hkv=2, d=d, causal=causal, alibi=True)
+# FA2 picks the ALiBi form from params.is_causal = (window_left < 0 && window_right == 0): a causal
+# call with a left window gets -slope*|i - j|, a non-causal (-1, 0) window gets slope*j (sm70_cases.fa2_mask).
+case("alibi", "window-16-0-causal", seqlens=WIN_SEQS, hq=4, hkv=2, d=64, causal=True, alibi=True, window=[16, 0])
+case("alibi", "window-none-0-full", seqlens=WIN_SEQS, hq=4, hkv=2, d=64, alibi=True, window=[-1, 0])
+case("alibi", "window-8-8-full", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, alibi=True, window=[8, 8])
+case("alibi", "masked-rows-causal", seqlens=[(70, 33), (16, 1), (9, 9)], hq=4, hkv=2, d=64, causal=True, alibi=True)
+case("alibi", "paged-decode", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True, alibi=True, page_size=16)
+
+# Varlen batches with empty and 1-token sequences.
+_rng = random.Random(7)
+RANDOM_PREFIX = [(n, n + _rng.randint(0, 64)) for n in (_rng.randint(0, 48) for _ in range(64))]
+RANDOM_FREE = [(_rng.randint(0, 48), _rng.randint(0, 80)) for _ in range(64)]
+EMPTIES = [(0, 0), (1, 1), (0, 7), (1, 50), (7, 0), (1, 1), (33, 33), (0, 0)]
+for causal in (False, True):
+    case("varlen", f"empties-and-ones-{mode(causal)}", seqlens=EMPTIES, hq=4, hkv=1, d=64, causal=causal)
+case("varlen", "ones-mha", seqlens=[(1, 1)] * 24 + [(1, 3)], hq=2, hkv=2, d=128)
+case("varlen", "ones-gqa", seqlens=[(1, 1)] * 24 + [(1, 3)], hq=4, hkv=1, d=128)
+case("varlen", "random64-prefix-causal", seqlens=RANDOM_PREFIX, hq=4, hkv=2, d=64, causal=True)
+case("varlen", "random64-full", seqlens=RANDOM_FREE, hq=4, hkv=2, d=64)
+case("varlen", "first-last-empty", seqlens=[(0, 10), (20, 20), (0, 0)], hq=4, hkv=2, d=128, causal=True)
+
+# Paged KV (vLLM's call: block_table + seqused_k) with page sizes 16, 32, 256 and num_splits 0, 1, 4.
+for page in (16, 32, 256):
+    for splits in (0, 1, 4):
+        case("paged", f"p{page}-decode-s{splits}", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True,
+             page_size=page, num_splits=splits)
+        case("paged", f"p{page}-prefill-s{splits}", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True,
+             page_size=page, num_splits=splits)
+# vLLM passes cu_seqlens_k = torch.empty_like(cu_seqlens_q) with a block table: seqused_k must win.
+case("paged", "p16-decode-cuk-zeros", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True, page_size=16,
+     cu_seqlens_k="zeros")
+case("paged", "p16-prefill-cuk-garbage", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True, page_size=16,
+     cu_seqlens_k="garbage")
+case("paged", "p32-prefill-full-d128", seqlens=CHUNKED, hq=4, hkv=2, d=128, page_size=32)
+case("paged", "p16-padded-table", seqlens=CHUNKED, hq=4, hkv=2, d=96, causal=True, page_size=16, extra_blocks=5)
+
+# Decode: seqlen_q = 1 everywhere with hq > hkv (FA2's seqlen_q/ngroups swap on the host).
+for hq, hkv, d in ((4, 2, 64), (12, 2, 128), (8, 1, 256)):
+    case("decode", f"contig-hq{hq}-hkv{hkv}-d{d}", seqlens=[(1, 1), (1, 77), (1, 256), (1, 1000)],
+         hq=hq, hkv=hkv, d=d, causal=True)
+case("decode", "contig-hq6-hkv1-d128-full", seqlens=[(1, 1), (1, 77), (1, 1000)], hq=6, hkv=1, d=128)
+case("decode", "paged-hq6-hkv1-d256-p16", seqlens=[(1, 1), (1, 1000), (1, 4097)], hq=6, hkv=1, d=256,
+     causal=True, page_size=16)
+case("decode", "paged-hq8-hkv1-d64-p32-s4", seqlens=DECODE, hq=8, hkv=1, d=64, causal=True, page_size=32,
+     num_splits=4)
+case("decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True,
+     window=[32, 0])
+
+# Adversarial inputs.
+case("adversarial", "scores100-full-d128", seqlens=[(37, 90), (128, 128), (1, 1)], hq=4, hkv=2, d=128,
+     magnitude=10.0, ref_dtype="float64")
+case("adversarial", "scores100-causal-d64", seqlens=PREFILL, hq=4, hkv=2, d=64, causal=True, magnitude=10.0,
+     ref_dtype="float64")
+case("adversarial", "scores100-paged-decode-d256", seqlens=[(1, 300), (1, 1000)], hq=6, hkv=1, d=256,
+     causal=True, page_size=16, magnitude=10.0, ref_dtype="float64")
+case("adversarial", "masked-rows-causal", seqlens=[(70, 33), (16, 1), (5, 0), (1, 1)], hq=4, hkv=2, d=64,
+     causal=True)
+case("adversarial", "masked-rows-window-0-0-causal", seqlens=[(40, 20), (8, 8)], hq=4, hkv=2, d=128,
+     causal=True, window=[0, 0])
+case("adversarial", "no-keys-at-all", seqlens=[(3, 0), (5, 0)], hq=4, hkv=2, d=64)   # max_seqlen_k == 0
+case("adversarial", "paged-decode-no-keys", seqlens=[(1, 0), (1, 20), (1, 0)], hq=8, hkv=1, d=128,
+     causal=True, page_size=16)
+case("adversarial", "paged-masked-rows", seqlens=[(40, 20), (1, 0), (3, 3)], hq=4, hkv=2, d=64, causal=True,
+     page_size=16)
+case("adversarial", "nan-in-unused-slots-paged-decode", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True,
+     page_size=16, poison=True)
+case("adversarial", "nan-in-unused-slots-paged-prefill", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True,
+     page_size=32, poison=True)
+case("adversarial", "nan-after-last-key-contig", seqlens=[(37, 90), (5, 21)], hq=4, hkv=2, d=64, poison=True)
+case("adversarial", "kv256k-q16", slow=True, seqlens=[(16, 262144)], hq=1, hkv=1, d=64, causal=True)
+case("adversarial", "kv256k-q16-paged16", slow=True, seqlens=[(16, 262144)], hq=1, hkv=1, d=64, causal=True,
+     page_size=16)
+
+# Non-contiguous strides the schema allows (last dim contiguous): q from a packed qkv, k/v from packed kv.
+case("strides", "packed-qkv-prefill", seqlens=PREFILL, hq=8, hkv=2, d=128, causal=True, strided=True)
+case("strides", "packed-kv-paged-decode", seqlens=DECODE, hq=8, hkv=2, d=64, causal=True, page_size=16,
+     strided=True)
+
+# Determinism: 10 calls, bitwise identical out and softmax_lse.
+case("determinism", "prefill-gqa-d128", seqlens=[(37, 90), (128, 128), (200, 200), (1, 1)], hq=8, hkv=2,
+     d=128, causal=True, repeats=10)
+case("determinism", "paged-decode-p16-s0", seqlens=[(1, 1000), (1, 4097), (1, 17)], hq=8, hkv=2, d=128,
+     causal=True, page_size=16, repeats=10)
+case("determinism", "paged-decode-p16-s4", seqlens=[(1, 1000), (1, 4097), (1, 17)], hq=8, hkv=2, d=128,
+     causal=True, page_size=16, num_splits=4, repeats=10)
+case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16,
+     repeats=10)
+
+# The reference workload's endpoints (DESIGN.md section 4, patch 0003): Q=8000 new tokens.
+for kv in (40000, 128000):
+    for page in (None, 16):
+        case("workload", f"q8000-kv{kv}-{'paged16' if page else 'contig'}", slow=True,
+             seqlens=[(8000, kv)], hq=6, hkv=1, d=256, scale=1 / 16, causal=True, page_size=page)
+
+
+# Bad inputs: a typed error before any launch, the process and the device still usable.
+BAD: list[Case] = []
+
+
+def bad(name, expect, **spec):
+    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec}, expect=expect))
+
+
+for d in (264, 260, 36):
+    bad(f"head-dim-{d}", {"out_untouched": True, "message": "head"}, seqlens=[(8, 40)], hq=4, hkv=2, d=d)
+bad("head-dim-264-decode", {"out_untouched": True, "message": "head"}, seqlens=[(1, 40), (1, 9)], hq=8,
+    hkv=2, d=264, causal=True, page_size=16)
+bad("hq6-hkv4-prefill", {"out_untouched": True}, seqlens=[(8, 40)], hq=6, hkv=4, d=64)
+bad("hq6-hkv4-decode", {"out_untouched": True}, seqlens=[(1, 40), (1, 9)], hq=6, hkv=4, d=64, causal=True)
+bad("hq2-hkv4", {"out_untouched": True}, seqlens=[(8, 40)], hq=2, hkv=4, d=64)
+for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "int32-max")):
+    bad(f"block-table-{label}-prefill", {}, seqlens=[(8, 40), (4, 20)], hq=4, hkv=2, d=64, causal=True,
+        page_size=16, bad_block_table=[0, 1, value])
+    bad(f"block-table-{label}-decode", {}, seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, causal=True,
+        page_size=16, bad_block_table=[1, 4, value])
+
+
+_ids = [c.id for c in NUMERICS + BAD]
+assert len(_ids) == len(set(_ids)), "case ids must be unique"
+
+
+# --------------------------------------------------------------------------------------------
+# Running the cases.
+
+def _slow_enabled() -> bool:
+    return os.environ.get("FA2PATCH_SLOW") == "1"  # the same switch as conftest.py's marker skip
+
+
+class CaseRunner:
+    """Runs cases in subprocesses, a few at a time; a test waits for its own case."""
+
+    def __init__(self, artifact: Path, jobs: int):
+        self.artifact = artifact
+        self.pool = ThreadPoolExecutor(max_workers=jobs)
+        self.futures = {}
+        pythonpath = os.pathsep.join(p for p in (str(TOOLS), os.environ.get("PYTHONPATH")) if p)
+        self.env = {**os.environ, **FORCE, "PYTHONPATH": pythonpath}
+
+    def submit(self, c: Case) -> None:
+        if c.id not in self.futures:
+            self.futures[c.id] = self.pool.submit(self._run, c)
+
+    def result(self, c: Case) -> dict:
+        self.submit(c)
+        return self.futures[c.id].result()
+
+    def _run(self, c: Case) -> dict:
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, str(SCRIPT), str(self.artifact), json.dumps(c.spec)],
+                                  capture_output=True, text=True, env=self.env, timeout=c.timeout)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "error": f"timed out after {c.timeout} s"}
+        lines = proc.stdout.strip().splitlines()
+        if proc.returncode != 0 or not lines:
+            return {"ok": False, "error": f"exit status {proc.returncode} (a crash or a harness error)",
+                    "stderr": proc.stderr[-4000:], "seconds": round(time.monotonic() - t0, 1)}
+        return json.loads(lines[-1])
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def sm70_build_info(gpu_build) -> dict:
+    proc = subprocess.run([sys.executable, "-c", "import sys, torch; torch.ops.load_library(sys.argv[1]);"
+                           " print(torch.ops._vllm_fa2_C.build_info())", str(gpu_build)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, f"loading {gpu_build} failed:\n{proc.stderr[-3000:]}"
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not info.get("sm70_kernels"):
+        pytest.skip("this build has no SM70 kernels (build_info().sm70_kernels is false): "
+                    "nothing to check numerically yet")
+    return info
+
+
+@pytest.fixture(scope="module")
+def runner(request, gpu_build, sm70_build_info):
+    jobs = max(1, int(os.environ.get("FA2PATCH_GPU_JOBS", "6")))
+    r = CaseRunner(gpu_build, jobs)
+    # Start every selected small case now; slow ones start when their test asks (one at a time).
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module or not hasattr(item, "callspec"):
+            continue
+        c = item.callspec.params.get("c")
+        if isinstance(c, Case) and not c.slow:
+            r.submit(c)
+    yield r
+    r.close()
+
+
+def _params(cases):
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in cases]
+
+
+def _brief(r: dict) -> str:
+    keep = {k: v for k, v in r.items() if k not in ("stderr",)}
+    text = json.dumps(keep, default=str)
+    if r.get("stderr"):
+        text += "\n--- stderr ---\n" + r["stderr"]
+    return text
+
+
+@pytest.mark.parametrize("c", _params(NUMERICS))
+def test_numerics(c: Case, runner, numerics_summary):
+    r = runner.result(c)
+    numerics_summary.record(c.family, c.name, r)
+    where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
+    assert r.get("error") is None, where
+    assert r["raised"] is None, f"the op raised {r['raised']}: {r['message']}\n{where}"
+    assert r["returns_out"], f"varlen_fwd must return [out, softmax_lse] with the caller's out\n{where}"
+    assert r["guard_ok"], f"the op wrote outside out\n{where}"
+    assert r["inputs_unchanged"], f"the op modified q, k or v\n{where}"
+    assert r["finite"], f"non-finite output (NaN left in out, or inf)\n{where}"
+    assert r["lse_max_err"] <= LSE_TOL, f"softmax_lse off by {r['lse_max_err']}\n{where}"
+    assert r["ratio"] <= 1.0, f"max|out-ref| above FA2's bar (ratio = max over sequences)\n{where}"
+    assert r["rel_l2"] <= 1e-3 and r["rel_l2_worst_seq"] <= 1e-3, f"relative L2 above 1e-3\n{where}"
+    if c.spec.get("repeats", 1) > 1:
+        assert r.get("deterministic") is True, f"{c.spec['repeats']} calls are not bitwise identical\n{where}"
+    assert r["ok"], where
+
+
+@pytest.mark.parametrize("c", _params(BAD))
+def test_bad_input_is_a_typed_error(c: Case, runner, numerics_summary):
+    r = runner.result(c)
+    numerics_summary.record(c.family, c.name, {**r, "ok": _bad_ok(c, r)})
+    where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
+    assert r.get("error") is None, f"the process did not survive\n{where}"
+    assert r["raised"] is not None, f"no error raised (an invalid input was accepted)\n{where}"
+    assert r["raised"] in TYPED_ERRORS, f"not a typed check error\n{where}"
+    assert r["device_ok"], f"the device is unusable after the call (a fault, not a check)\n{where}"
+    if c.expect.get("message"):
+        assert c.expect["message"] in r["message"].lower(), where
+    if c.expect.get("out_untouched"):
+        assert r["out_untouched"] and r["guard_ok"], f"out was written before the error\n{where}"
+
+
+def _bad_ok(c: Case, r: dict) -> bool:
+    return bool(r.get("error") is None and r.get("raised") in TYPED_ERRORS and r.get("device_ok")
+                and (not c.expect.get("message") or c.expect["message"] in (r.get("message") or "").lower())
+                and (not c.expect.get("out_untouched") or (r.get("out_untouched") and r.get("guard_ok"))))
+
