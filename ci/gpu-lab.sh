@@ -29,7 +29,8 @@ rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
 status=0
 f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; echo "[lab] smoke exit ${PIPESTATUS[0]}"
-FA2PATCH_REQUIRE_GPU_BUILD=1 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu \
+FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
+    python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
     --junitxml "$out/gpu-junit.xml" || status=1
 echo "[lab] status $status"
 exit $status
