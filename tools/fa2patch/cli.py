@@ -245,6 +245,45 @@ def smoke(ctx, archs, as_json):
         sys.exit(EXIT_CHECK_FAILED)
 
 
+@cli.command()
+@click.option("--arch", default="sm_70", show_default=True, help="the built architecture to read")
+@click.option("--launch", "launches", multiple=True, metavar="GLOB=THREADS[:DYN_SMEM]",
+              help="launch configuration of kernels whose demangled name matches GLOB (for occupancy)")
+@json_option
+@pass_ctx
+def report(ctx, arch, launches, as_json):
+    """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds."""
+    from .report import report as do_report
+    from .verify import load_manifest
+
+    launch = {}
+    for item in launches:
+        glob, _, value = item.rpartition("=")
+        threads, _, dyn = value.partition(":")
+        if not glob or not threads.isdigit() or (dyn and not dyn.isdigit()):
+            raise click.BadParameter(f"expected GLOB=THREADS[:DYN_SMEM], got {item!r}", param_hint="--launch")
+        launch[glob] = (int(threads), int(dyn or 0))
+    manifest, artifact = load_manifest(ctx.project.build_dir(arch))
+    rows = do_report(artifact, arch, launch)
+    if as_json:
+        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows}, indent=1))
+        return
+    click.echo("Static bounds from the SASS (V100 parameters: tools/fa2patch/data/v100.toml); "
+               "not measurements. Counts are per warp and loop iteration as written (static).")
+    table = []
+    for k in rows:
+        occ = k["occupancy"]
+        occ_text = f"{occ['blocks_per_sm']} blk, {occ['warps_per_sm']} warps ({occ['limited_by']})" if occ else "-"
+        for lp in k["hot_loops"] or [None]:
+            table.append([k["kernel"][:60], k["registers"], occ_text,
+                          lp and lp["instructions"], lp and lp["mix"].get("hmma", 0),
+                          lp and lp["shared_bytes"], lp and lp["binding"],
+                          lp and f"{lp['tensor_utilization_bound']:.0%}", lp and f"{lp['tflops_bound']:.1f}"])
+    click.echo(_table([[("-" if c is None else c) for c in r] for r in table],
+                      ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem B", "binding",
+                       "tensor util <=", "TFLOP/s <="]))
+
+
 def main():
     try:
         cli.main(prog_name="fa2patch", standalone_mode=False)

@@ -82,10 +82,46 @@ def parse_resource_usage(text: str) -> list[Resources]:
 
 
 @dataclass
+class Instr:
+    addr: int
+    op: str                   # opcode with modifiers, without the predicate
+    target: int | None = None  # branch target of a BRA
+
+
+@dataclass
+class Loop:
+    start: int
+    end: int                  # address of the back-edge branch
+    instrs: list[Instr]
+
+    @property
+    def opcodes(self) -> list[str]:
+        return [i.op for i in self.instrs]
+
+
+@dataclass
 class SassFunction:
     name: str
     arch: str
-    opcodes: list[str] = field(default_factory=list)
+    instrs: list[Instr] = field(default_factory=list)
+
+    @property
+    def opcodes(self) -> list[str]:
+        return [i.op for i in self.instrs]
+
+    def loops(self) -> list[Loop]:
+        """Every loop: a branch back to an earlier address, with the instructions it spans."""
+        out = []
+        for i in self.instrs:
+            if i.target is not None and i.target <= i.addr:
+                out.append(Loop(i.target, i.addr, [j for j in self.instrs if i.target <= j.addr <= i.addr]))
+        return out
+
+    def hot_loops(self) -> list[Loop]:
+        """The outermost loops that contain HMMA instructions."""
+        hot = [lp for lp in self.loops() if any(op.startswith("HMMA") for op in lp.opcodes)]
+        return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
+                                            for o in hot)]
 
     @property
     def counts(self) -> Counter:
@@ -105,11 +141,13 @@ class SassFunction:
 
 
 _FUNCTION = re.compile(r"^\s*Function : (\S+)")
-_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:\{\s*)?(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:\{\s*)?(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*)")
+_TARGET = re.compile(r"\b0x([0-9a-f]+)\b")
 
 
 def parse_sass(text: str) -> list[SassFunction]:
-    """Functions and their opcodes (with modifiers, without predicates) from ``cuobjdump -sass``."""
+    """Functions and their instructions (opcode with modifiers, no predicate; branch targets)
+    from ``cuobjdump -sass``."""
     functions = []
     arch = ""
     current = None
@@ -120,7 +158,11 @@ def parse_sass(text: str) -> list[SassFunction]:
             current = SassFunction(m.group(1), arch)
             functions.append(current)
         elif current is not None and (m := _INSTR.match(line)):
-            current.opcodes.append(m.group(2))
+            op = m.group(3)
+            target = None
+            if op.split(".")[0] == "BRA" and (t := _TARGET.search(m.group(4))):
+                target = int(t.group(1), 16)
+            current.instrs.append(Instr(int(m.group(1), 16), op, target))
     return functions
 
 
