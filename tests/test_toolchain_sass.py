@@ -77,12 +77,19 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     obj, log = compile_cu(clang_cuda, TINY, tmp_path)
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\nmax_registers = 255\n[[kernel]]\npattern = 'three_mma*'\nmax_registers = 8\n")
-    rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["*_mma*"]), obj, budgets)}
+    launches = {"three_mma": (32, 0), "no_mma": (32, 0)}
+    rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["*_mma*"]), obj, budgets, launches)}
     assert not rows["three_mma"].ok and "registers expected <= 8" in rows["three_mma"].detail
     assert not rows["no_mma"].ok and "without HMMA" in rows["no_mma"].detail
     budgets.write_text("[default]\nmax_registers = 255\n")
-    rows = check_kernels(_manifest(log, ["three_mma*"]), obj, budgets)
+    rows = check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, launches)
     assert all(r.ok for r in rows), rows
+    # Dynamic shared memory counts against the budget; a tensor-core kernel needs its launch.
+    rows = {r.name.split("(")[0]: r for r in check_kernels(
+        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma": (32, 100 * 1024)})}
+    assert not rows["three_mma"].ok and "actual 102400" in rows["three_mma"].detail
+    rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, {})}
+    assert "no launch configuration" in rows["three_mma"].detail
 
 
 def test_spill_budget_cannot_be_loosened(tmp_path):
@@ -120,7 +127,7 @@ def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path
     assert f.hmma == 0 and f.traps > 0
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\n")
-    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets)
+    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets, {"cute_mma": (32, 0)})
     assert not row.ok and "without HMMA" in row.detail and "trap" in row.detail
 
 

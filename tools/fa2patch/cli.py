@@ -248,7 +248,8 @@ def smoke(ctx, archs, as_json):
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help="the built architecture to read")
 @click.option("--launch", "launches", multiple=True, metavar="GLOB=THREADS[:DYN_SMEM]",
-              help="launch configuration of kernels whose demangled name matches GLOB (for occupancy)")
+              help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
+                   "[default: the extension's build_info()]")
 @json_option
 @pass_ctx
 def report(ctx, arch, launches, as_json):
@@ -264,6 +265,11 @@ def report(ctx, arch, launches, as_json):
             raise click.BadParameter(f"expected GLOB=THREADS[:DYN_SMEM], got {item!r}", param_hint="--launch")
         launch[glob] = (int(threads), int(dyn or 0))
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
+    if not launch:  # the extension says how it launches its kernels
+        from .verify import launches_of, probe_extension
+
+        info = probe_extension(artifact, ctx.project.schemas_path).get("build_info", {})
+        launch = {f"*{part}*": v for part, v in launches_of(info).items()}
     rows = do_report(artifact, arch, launch)
     if as_json:
         click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows}, indent=1))

@@ -39,7 +39,8 @@ for n, text in expected.items():
         norm[n] = str(torch._C.parse_schema(ns + "::" + text))
     except RuntimeError as exc:
         norm[n] = "UNPARSEABLE: " + str(exc).splitlines()[0]
-print(json.dumps({"actual": actual, "expected": norm}))
+info = json.loads(getattr(torch.ops, ns).build_info()) if "build_info" in actual else {}
+print(json.dumps({"actual": actual, "expected": norm, "build_info": info}))
 """
 
 
@@ -73,14 +74,26 @@ def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
     return data["namespace"], dict(data["ops"])
 
 
-def check_schemas(artifact: Path, schemas_path: Path, python: str = sys.executable) -> list[Row]:
+def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable) -> dict:
+    """Load the extension with torch in a subprocess: its operators' schemas, the expected ones
+    parsed by the same torch, and its build_info(); {"error": ...} if it does not load."""
     ns, expected = load_expected_schemas(schemas_path)
     proc = subprocess.run([python, "-c", SCHEMA_PROBE, str(artifact), ns, json.dumps(expected)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
-        return [Row("schema", "load", False, f"{artifact}: torch could not load it:\n"
-                    + proc.stderr.strip()[-2000:])]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"error": proc.stderr.strip()[-2000:]}
+    return {"namespace": ns, **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
+    """{kernel name part: (threads per block, dynamic shared bytes)} from build_info()."""
+    return {k["kernel"]: (k["threads"], k["dynamic_smem"]) for k in build_info.get("kernels", [])}
+
+
+def check_schemas(artifact: Path, schemas_path: Path, got: dict) -> list[Row]:
+    if "error" in got:
+        return [Row("schema", "load", False, f"{artifact}: torch could not load it:\n{got['error']}")]
+    ns, expected = got["namespace"], load_expected_schemas(schemas_path)[1]
     rows = []
     for name, want in got["expected"].items():
         have = got["actual"].get(name)
@@ -121,7 +134,9 @@ def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
     return default, overrides
 
 
-def check_kernels(manifest: dict, artifact: Path, budgets_path: Path) -> list[Row]:
+def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
+                  launches: dict[str, tuple[int, int]]) -> list[Row]:
+    """``launches``: {kernel name part: (threads, dynamic shared bytes)}, from build_info()."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
@@ -148,17 +163,22 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path) -> list[Ro
             problems.append("no ptxas -v report for it (spills unknown)")
         regs = res.registers if res else px["registers"]
         spills = (px["spill_stores"] + px["spill_loads"]) if px else None
-        shared = res.shared if res else px["smem"]
+        launch = next((v for part, v in launches.items() if part in pretty[name]), None)
+        tensor_core = tensor_core_kernel(name, pretty[name], patterns)
+        if launch is None and tensor_core:
+            problems.append("no launch configuration in build_info() (dynamic shared memory unknown)")
+        shared = (res.shared if res else px["smem"]) + (launch[1] if launch else 0)
         if regs > budget.max_registers:
             problems.append(f"registers expected <= {budget.max_registers}, actual {regs}")
         if spills is not None and spills > budget.max_spill_bytes:
             problems.append(f"spill bytes expected <= {budget.max_spill_bytes}, actual {spills}")
         if shared > budget.max_shared_bytes:
-            problems.append(f"static shared memory expected <= {budget.max_shared_bytes}, actual {shared}")
+            problems.append(f"shared memory (static + dynamic) expected <= {budget.max_shared_bytes}, "
+                            f"actual {shared}")
         hmma = fn.hmma if fn else 0
         traps = fn.traps if fn else 0
         # A lab build (sm_90) runs Volta's mma.m8n8k4 emulated, without HMMA.884 in its SASS.
-        if tensor_core_kernel(name, pretty[name], patterns) and not manifest.get("lab"):
+        if tensor_core and not manifest.get("lab"):
             if hmma == 0:
                 problems.append("tensor-core kernel without HMMA instructions")
             if traps:
@@ -192,6 +212,7 @@ def check_linkage(artifact: Path) -> list[Row]:
 
 def verify(build_dir: Path, schemas_path: Path, budgets_path: Path) -> tuple[dict, list[Row]]:
     manifest, artifact = load_manifest(build_dir)
-    rows = (check_linkage(artifact) + check_schemas(artifact, schemas_path)
-            + check_kernels(manifest, artifact, budgets_path))
+    got = probe_extension(artifact, schemas_path)
+    rows = (check_linkage(artifact) + check_schemas(artifact, schemas_path, got)
+            + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {}))))
     return manifest, rows
