@@ -75,3 +75,19 @@ def test_compare_applies_the_numerics_contract():
     bad = ref.clone()
     bad[0, 0, 0] = float("nan")
     assert not compare(bad, ref, fp16)["ok"]
+
+
+@pytest.mark.parametrize("sq, sk, alibi", [(40, 100, False), (40, 30, True), (33, 33, False)])
+def test_chunked_reference_equals_the_whole(sq, sk, alibi):
+    from fa2patch.reference import attention_ref_chunked
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(n, h, 16, generator=g).half() for n, h in ((sq, 4), (sk, 2), (sk, 2)))
+    slopes = torch.rand(4, generator=g) if alibi else None
+    whole = attention_ref(q, k, v, 0.25, True, alibi_slopes=slopes)
+    chunked = attention_ref_chunked(q, k, v, 0.25, True, alibi_slopes=slopes, max_elems=4 * sk * 7)
+    assert torch.allclose(whole[0], chunked[0], atol=1e-6)
+    assert torch.equal(torch.isinf(whole[1]), torch.isinf(chunked[1]))
+    assert torch.allclose(whole[1][torch.isfinite(whole[1])], chunked[1][torch.isfinite(chunked[1])], atol=1e-5)
+    with pytest.raises(ValueError, match="right window of 0"):
+        attention_ref_chunked(q, k, v, 0.25, False, max_elems=4 * sk * 7)

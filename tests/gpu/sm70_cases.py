@@ -236,36 +236,12 @@ def reference(spec, q, k, v, scale, alibi, dtype, mask=None):
     """attention_ref on one sequence, in chunks of query rows when the score block is large.
 
     ``mask`` is (causal, window) as the kernel sees them (``fa2_mask``); default: the spec's."""
-    import torch
+    from fa2patch.reference import attention_ref_chunked
 
-    from fa2patch.reference import attention_ref
-
-    sq, hq, _ = q.shape
-    sk = k.shape[0]
     causal, window = mask if mask is not None else (bool(spec["causal"]), tuple(spec["window"]))
-    kw = dict(causal=causal, window=tuple(window), softcap=float(spec["softcap"]),
-              alibi_slopes=alibi, compute_dtype=dtype)
-    rows = max(1, int(spec["ref_chunk_elems"]) // max(1, hq * sk))
-    if rows >= sq:
-        return attention_ref(q, k, v, scale, **kw)
-    right = 0 if causal else window[1]
-    if right != 0:
-        raise ValueError("a chunked reference needs a right window of 0 (causal): shrink the case")
-    # Rows [r0, r1) see keys < r1 + sk - sq only; passing exactly those keys keeps the
-    # bottom-right alignment of every row (offset sk' - sq' = r0 + sk - sq), and keys keep
-    # their indices (ALiBi's j and |i - j| are unchanged).
-    outs, lses = [], []
-    for r0 in range(0, sq, rows):
-        r1 = min(sq, r0 + rows)
-        e = max(0, r1 + sk - sq)
-        if e == 0:  # every row of the chunk has no key
-            outs.append(torch.zeros(r1 - r0, hq, q.shape[2], device=q.device))
-            lses.append(torch.full((hq, r1 - r0), math.inf, device=q.device))
-            continue
-        o, lse = attention_ref(q[r0:r1], k[:e], v[:e], scale, **kw)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, 0), torch.cat(lses, 1)
+    return attention_ref_chunked(q, k, v, scale, causal=causal, window=tuple(window),
+                                 softcap=float(spec["softcap"]), alibi_slopes=alibi, compute_dtype=dtype,
+                                 max_elems=int(spec["ref_chunk_elems"]))
 
 
 def run_numerics(op, spec, inputs) -> dict:

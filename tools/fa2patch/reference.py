@@ -50,6 +50,36 @@ def attention_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, al
     return out.float(), lse.float()
 
 
+def attention_ref_chunked(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0,
+                          alibi_slopes=None, compute_dtype=torch.float32, max_elems=1 << 28):
+    """attention_ref in chunks of query rows, so that no score block exceeds ``max_elems``.
+
+    Needs a right window of 0 (causal) when it chunks: rows [r0, r1) then see only the keys
+    below r1 + sk - sq, and passing exactly those keys keeps every row's bottom-right alignment
+    (the offset becomes r0 + sk - sq) and every key's index (ALiBi is unchanged)."""
+    sq, hq, d = q.shape
+    sk = k.shape[0]
+    kw = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+              compute_dtype=compute_dtype)
+    rows = max(1, max_elems // max(1, hq * sk))
+    if rows >= sq:
+        return attention_ref(q, k, v, scale, **kw)
+    if (0 if causal else window[1]) != 0:
+        raise ValueError("a chunked reference needs a right window of 0 (causal)")
+    outs, lses = [], []
+    for r0 in range(0, sq, rows):
+        r1 = min(sq, r0 + rows)
+        e = max(0, r1 + sk - sq)
+        if e == 0:  # no row of the chunk sees a key
+            outs.append(torch.zeros(r1 - r0, hq, d, device=q.device))
+            lses.append(torch.full((hq, r1 - r0), float("inf"), device=q.device))
+            continue
+        o, lse = attention_ref(q[r0:r1], k[:e], v[:e], scale, **kw)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
 def fa2_bar(out, out_fp16_torch, ref) -> float:
     """FA2's own test criterion: max|out-ref| <= 2*max|out_fp16_torch-ref| + 1e-5 (DESIGN.md §7)."""
     return 2 * (out_fp16_torch.float() - ref).abs().max().item() + 1e-5
