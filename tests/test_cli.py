@@ -9,7 +9,7 @@ import pytest
 
 from helpers import REPO
 
-COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report"]
+COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench"]
 
 
 def fa2patch(*args, env=None, cwd=REPO):

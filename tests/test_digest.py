@@ -1,5 +1,4 @@
 import os
-import subprocess
 
 from helpers import MINI_FILES, reference_digest
 from fa2patch import gitws

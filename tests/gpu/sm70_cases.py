@@ -43,7 +43,6 @@ Exit code 0 whenever a JSON line was printed; 1 for a failure of this harness it
 
 import json
 import math
-import os
 import sys
 import time
 import traceback

@@ -3,14 +3,13 @@
 
 import json
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, CheckFailed, Fa2PatchError
+from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, Fa2PatchError, NothingToSmoke
 from .lockfile import Lock
 from .project import Project
 
@@ -288,6 +287,57 @@ def report(ctx, arch, launches, as_json):
     click.echo(_table([[("-" if c is None else c) for c in r] for r in table],
                       ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem B", "binding",
                        "tensor util <=", "TFLOP/s <="]))
+
+
+@cli.command()
+@click.option("--arch", default=None, help="the build to time [default: the one for this GPU]")
+@click.option("--routes", default=None, metavar="A[,B]",
+              help="routes to compare [default: sm70-dense, and the first other registered route]")
+@click.option("--shapes", default=None, metavar="SPEC",
+              help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..]; a:b:step sweeps; ';' "
+                   "separates groups [default: Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, "
+                   "D=256, causal, scale 1/16]")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--reps", type=click.IntRange(min=1), default=5, show_default=True)
+@json_option
+@pass_ctx
+def bench(ctx, arch, routes, shapes, warmup, reps, as_json):
+    """Time routes of the extension over a shape sweep (CUDA events) with numerics."""
+    from . import bench as b
+    from .digest import sha256_file
+    from .smoke import GPU_PROBE, _python_json
+    from .verify import load_manifest
+
+    shape_list = b.parse_shapes(shapes or b.DEFAULT_SHAPES)
+    gpu = _python_json(GPU_PROBE)
+    if not gpu.get("cuda"):
+        raise NothingToSmoke("nothing timed: torch sees no CUDA GPU on this machine")
+    arch = arch or gpu["capability"]
+    build_dir = ctx.project.build_dir(arch)
+    manifest, artifact = load_manifest(build_dir)
+    if routes:
+        route_list = [r.strip() for r in routes.split(",") if r.strip()]
+    else:
+        info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
+                            "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+        names = [r if isinstance(r, str) else r["name"] for r in info.get("routes", [])]
+        route_list = ["sm70-dense"] + [n for n in names if n != "sm70-dense"][:1]
+    if not 1 <= len(route_list) <= 2:
+        raise click.BadParameter("give one or two routes", param_hint="--routes")
+
+    def progress(items):
+        with click.progressbar(items, label="bench", file=sys.stderr,
+                               item_show_func=lambda it: it and f"{it[1]} {it[0].label}") as bar:
+            yield from bar
+
+    result = b.bench(artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
+                     warmup, reps, progress=progress)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    else:
+        click.echo(b.render(result))
+    if not all(r.get("contract_ok") for r in result["results"]):
+        sys.exit(EXIT_CHECK_FAILED)
 
 
 def main():

@@ -1,0 +1,208 @@
+"""bench: time two routes of the extension on a GPU over a shape sweep, with numerics.
+
+Each (route, shape) runs in its own subprocess with the route's environment (the lab switch is
+read once per process). Timing: CUDA events around each call after warm-up; median, min, max.
+Numerics: the last output against a chunked FP32 reference, judged against both the 1e-3 / 1e-2
+envelope (max abs / relative L2) and the numerics contract (FA2's bar, relative L2 <= 1e-3).
+On a GPU other than a V100 the timings of SM70 code do not represent V100 (DESIGN.md §5).
+"""
+
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import EnvironmentProblem, NothingToSmoke
+from .smoke import GPU_PROBE, _python_json, _route
+
+ENVELOPE = {"max_abs": 1e-3, "rel_l2": 1e-2}
+DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
+
+
+@dataclass(frozen=True)
+class Shape:
+    q: int
+    kv: int
+    hq: int
+    hkv: int
+    d: int
+    causal: bool
+    scale: float
+
+    @property
+    def label(self) -> str:
+        return f"Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} D={self.d}{' causal' if self.causal else ''}"
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """``key=value`` pairs joined by commas, ';' between groups; a value ``a:b:step`` sweeps
+    a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5)."""
+    shapes = []
+    for group in filter(None, (g.strip() for g in text.split(";"))):
+        fields = {}
+        for item in group.split(","):
+            key, sep, value = item.strip().partition("=")
+            if not sep or key not in ("q", "kv", "hq", "hkv", "d", "causal", "scale"):
+                raise EnvironmentProblem(f"--shapes: expected key=value with key in q, kv, hq, hkv, d, "
+                                         f"causal, scale; got {item!r}")
+            fields[key] = value
+        missing = {"q", "kv", "hq", "hkv", "d"} - set(fields)
+        if missing:
+            raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
+        sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
+        d = sweeps["d"][0]
+        scale = float(fields["scale"]) if "scale" in fields else None
+        for q in sweeps["q"]:
+            for kv in sweeps["kv"]:
+                for hq in sweeps["hq"]:
+                    for hkv in sweeps["hkv"]:
+                        for d in sweeps["d"]:
+                            if hq % hkv:
+                                raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
+                            shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
+                                                scale if scale is not None else d ** -0.5))
+    if not shapes:
+        raise EnvironmentProblem("--shapes: no shape given")
+    return shapes
+
+
+def _values(key: str, value: str) -> list[int]:
+    m = re.fullmatch(r"(\d+)(?::(\d+):(\d+))?", value)
+    if not m or (m.group(3) and int(m.group(3)) <= 0):
+        raise EnvironmentProblem(f"--shapes: {key}={value!r} is not N or START:END:STEP")
+    if not m.group(2):
+        return [int(m.group(1))]
+    return list(range(int(m.group(1)), int(m.group(2)) + 1, int(m.group(3))))
+
+
+def attended_pairs(q: int, kv: int, causal: bool) -> int:
+    """Query/key pairs that attention uses: bottom-right causal keeps key j for row i when
+    j <= i + kv - q."""
+    if not causal:
+        return q * kv
+    return sum(max(0, min(kv, i + kv - q + 1)) for i in range(q)) if q > kv else q * (kv - q) + q * (q + 1) // 2
+
+
+def useful_flops(shape: Shape) -> float:
+    """2 FLOPs per multiply-add, two GEMMs (Q K^T and P V), attended pairs only."""
+    return 4.0 * shape.hq * shape.d * attended_pairs(shape.q, shape.kv, shape.causal)
+
+
+def judge(numbers: dict) -> dict:
+    """The envelope and the contract verdicts for one comparison (``reference.compare`` keys)."""
+    finite = bool(numbers["finite"])
+    return {
+        "envelope_ok": finite and numbers["max_abs"] <= ENVELOPE["max_abs"] and numbers["rel_l2"] <= ENVELOPE["rel_l2"],
+        "contract_ok": finite and numbers["max_abs"] <= numbers["bar"] and numbers["rel_l2"] <= 1e-3,
+    }
+
+
+def bench(artifact: Path, manifest_sha256: str, routes: list[str], shapes: list[Shape], warmup: int,
+          reps: int, progress=lambda items: items) -> dict:
+    gpu = _python_json(GPU_PROBE)
+    if "error" in gpu or not gpu.get("cuda"):
+        raise NothingToSmoke("nothing timed: torch sees no CUDA GPU on this machine")
+    info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
+                        "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+    if "error" in info:
+        raise EnvironmentProblem(f"{artifact}: cannot load it: {info['error']}")
+    known = {r["name"]: r for r in map(_route, info.get("routes", []))}
+    unknown = [r for r in routes if r not in known]
+    if unknown:
+        raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
+                                 f"{', '.join(known) or 'none'}")
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    clock, _, driver = (smi.stdout.strip().splitlines() or [","])[0].partition(",")
+    results = []
+    for shape, route in progress([(s, r) for s in shapes for r in routes]):
+        r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
+                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps}),
+                         env=known[route].get("env"))
+        if "error" not in r:
+            r.update(judge(r["numerics"]))
+            r["tflops"] = useful_flops(shape) / (r["median_ms"] * 1e-3) / 1e12
+        results.append({"route": route, "shape": asdict(shape), "label": shape.label, **r})
+    return {"gpu": gpu["name"], "capability": gpu["capability"], "sm_clock": clock.strip(),
+            "driver": driver.strip(), "manifest_sha256": manifest_sha256, "routes": routes,
+            "is_v100": gpu["capability"] == "sm_70", "results": results}
+
+
+def worker() -> None:
+    """Subprocess side: time one shape through varlen_fwd and compare the output."""
+    import torch
+
+    from .reference import attention_ref_chunked, compare
+
+    artifact, spec = sys.argv[1], json.loads(sys.argv[2])
+    torch.ops.load_library(artifact)
+    op = torch.ops._vllm_fa2_C.varlen_fwd
+    torch.manual_seed(0)
+    q = torch.randn(spec["q"], spec["hq"], spec["d"], dtype=torch.float16, device="cuda")
+    k = torch.randn(spec["kv"], spec["hkv"], spec["d"], dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+    cu_q = torch.tensor([0, spec["q"]], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, spec["kv"]], dtype=torch.int32, device="cuda")
+
+    def call():
+        op(q, k, v, out, cu_q, cu_k, None, None, None, None, spec["q"], spec["kv"], 0.0, spec["scale"],
+           False, spec["causal"], -1, -1, 0.0, False, 0, None)
+
+    for _ in range(spec["warmup"]):
+        call()
+    times = []
+    for _ in range(spec["reps"]):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
+    ref16, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16,
+                                     max_elems=1 << 28)
+    numerics = compare(out, ref, ref16)
+    numerics["mean_abs"] = (out.float() - ref).abs().mean().item()
+    print(json.dumps({"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1],
+                      "numerics": numerics}))
+
+
+WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "
+           "V100 (the H200 emulates Volta's mma.m8n8k4).")
+
+
+def render(result: dict) -> str:
+    """The A/B table: per shape, median ms of each route, speedup and latency reduction of B
+    over A, useful causal TFLOP/s, and the numerics verdicts (envelope / contract)."""
+    routes = result["routes"]
+    lines = [f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock']}, driver "
+             f"{result['driver']}, build manifest sha256 {result['manifest_sha256'][:16]}"]
+    if not result["is_v100"]:
+        lines.append(WARNING)
+    by_shape: dict[str, dict] = {}
+    for r in result["results"]:
+        by_shape.setdefault(r["label"], {})[r["route"]] = r
+    header = ["shape"] + [f"{x} ms" for x in routes]
+    if len(routes) == 2:
+        header += ["speedup", "latency -"]
+    header += [f"{x} TFLOP/s" for x in routes] + [f"{x} env/contract" for x in routes]
+    rows = []
+    for label, per in by_shape.items():
+        cells = [label]
+        ms = [per.get(x, {}).get("median_ms") for x in routes]
+        cells += [f"{m:.2f}" if m else "error" for m in ms]
+        if len(routes) == 2:
+            ok = all(ms)
+            cells += [f"{ms[0] / ms[1]:.2f}x" if ok else "-", f"{1 - ms[1] / ms[0]:.0%}" if ok else "-"]
+        cells += [f"{per[x]['tflops']:.1f}" if "tflops" in per.get(x, {}) else "-" for x in routes]
+        cells += [("ok" if per[x]["envelope_ok"] else "FAIL") + "/" + ("ok" if per[x]["contract_ok"] else "FAIL")
+                  if "envelope_ok" in per.get(x, {}) else per.get(x, {}).get("error", "-")[:40] for x in routes]
+        rows.append(cells)
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    for r in [header, ["-" * w for w in widths], *rows]:
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(lines)
