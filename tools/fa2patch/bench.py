@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import EnvironmentProblem, NothingToSmoke
-from .smoke import GPU_PROBE, _python_json, _route
+from .smoke import GPU_PROBE, _python_json, _route, load_build_info
 
 ENVELOPE = {"max_abs": 1e-3, "rel_l2": 1e-2}
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
@@ -99,16 +99,22 @@ def judge(numbers: dict) -> dict:
     }
 
 
-def bench(artifact: Path, manifest_sha256: str, routes: list[str], shapes: list[Shape], warmup: int,
-          reps: int, progress=lambda items: items) -> dict:
+def gpu_or_nothing() -> dict:
+    """This machine's GPU (smoke's probe); NothingToSmoke without one."""
     gpu = _python_json(GPU_PROBE)
     if "error" in gpu or not gpu.get("cuda"):
         raise NothingToSmoke("nothing timed: torch sees no CUDA GPU on this machine")
-    info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
-                        "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+    return gpu
+
+
+def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | None, shapes: list[Shape],
+          warmup: int, reps: int, progress=lambda items: items) -> dict:
+    """``routes``: one or two route names; None: sm70-dense and the first other route."""
+    info = load_build_info(artifact)
     if "error" in info:
         raise EnvironmentProblem(f"{artifact}: cannot load it: {info['error']}")
     known = {r["name"]: r for r in map(_route, info.get("routes", []))}
+    routes = routes or ["sm70-dense"] + [n for n in known if n != "sm70-dense"][:1]
     unknown = [r for r in routes if r not in known]
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "

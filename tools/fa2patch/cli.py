@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, Fa2PatchError, NothingToSmoke
+from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, Fa2PatchError
 from .lockfile import Lock
 from .project import Project
 
@@ -265,10 +265,10 @@ def report(ctx, arch, launches, as_json):
         launch[glob] = (int(threads), int(dyn or 0))
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
     if not launch:  # the extension says how it launches its kernels
-        from .verify import launches_of, probe_extension
+        from .smoke import load_build_info
+        from .verify import launches_of
 
-        info = probe_extension(artifact, ctx.project.schemas_path).get("build_info", {})
-        launch = {f"*{part}*": v for part, v in launches_of(info).items()}
+        launch = {f"*{part}*": v for part, v in launches_of(load_build_info(artifact)).items()}
     rows = do_report(artifact, arch, launch)
     if as_json:
         click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows}, indent=1))
@@ -305,24 +305,15 @@ def bench(ctx, arch, routes, shapes, warmup, reps, as_json):
     """Time routes of the extension over a shape sweep (CUDA events) with numerics."""
     from . import bench as b
     from .digest import sha256_file
-    from .smoke import GPU_PROBE, _python_json
     from .verify import load_manifest
 
     shape_list = b.parse_shapes(shapes or b.DEFAULT_SHAPES)
-    gpu = _python_json(GPU_PROBE)
-    if not gpu.get("cuda"):
-        raise NothingToSmoke("nothing timed: torch sees no CUDA GPU on this machine")
+    gpu = b.gpu_or_nothing()
     arch = arch or gpu["capability"]
     build_dir = ctx.project.build_dir(arch)
     manifest, artifact = load_manifest(build_dir)
-    if routes:
-        route_list = [r.strip() for r in routes.split(",") if r.strip()]
-    else:
-        info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
-                            "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
-        names = [r if isinstance(r, str) else r["name"] for r in info.get("routes", [])]
-        route_list = ["sm70-dense"] + [n for n in names if n != "sm70-dense"][:1]
-    if not 1 <= len(route_list) <= 2:
+    route_list = [r.strip() for r in routes.split(",") if r.strip()] if routes else None
+    if route_list is not None and not 1 <= len(route_list) <= 2:
         raise click.BadParameter("give one or two routes", param_hint="--routes")
 
     def progress(items):
@@ -330,7 +321,7 @@ def bench(ctx, arch, routes, shapes, warmup, reps, as_json):
                                item_show_func=lambda it: it and f"{it[1]} {it[0].label}") as bar:
             yield from bar
 
-    result = b.bench(artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
+    result = b.bench(gpu, artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
                      warmup, reps, progress=progress)
     if as_json:
         click.echo(json.dumps(result, indent=1))

@@ -59,24 +59,12 @@ def init_repo(path: Path) -> git.Repo:
 def commit_all(repo: git.Repo, message: str, identity: Identity) -> str:
     """Stage the whole work tree (ignore rules off) and commit it with the fixed identity."""
     repo.git.add("-A", "-f", ".")
+    message_file = Path(repo.git_dir) / "FA2PATCH_MSG"
+    message_file.write_text(message)
     with repo.git.custom_environment(**_env(identity)):
-        repo.git.commit("-q", "--no-verify", "--cleanup=verbatim", "-F", "-",
-                        istream=_Stdin(message))
+        repo.git.commit("-q", "--no-verify", "--cleanup=verbatim", "-F", str(message_file))
+    message_file.unlink()
     return repo.head.commit.hexsha
-
-
-class _Stdin:
-    """A file-like stdin for gitpython: it accepts objects with fileno() or read()."""
-
-    def __init__(self, text: str):
-        import tempfile
-
-        self._f = tempfile.TemporaryFile()
-        self._f.write(text.encode())
-        self._f.seek(0)
-
-    def fileno(self):
-        return self._f.fileno()
 
 
 def is_dirty(repo: git.Repo) -> list[str]:

@@ -40,6 +40,12 @@ def _python_json(code: str, *args, env=None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def load_build_info(artifact: Path) -> dict:
+    """The extension's build_info() JSON, read in a subprocess; {"error": ...} if it cannot load."""
+    return _python_json("import sys, torch; torch.ops.load_library(sys.argv[1]); "
+                        "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+
+
 def smoke(build_dirs: list[Path]) -> list[dict]:
     gpu = _python_json(GPU_PROBE)
     if "error" in gpu or not gpu.get("cuda"):
@@ -57,8 +63,7 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
             f"{', '.join(a for a, _ in built) or 'nothing (run fa2patch build)'}")
     results = []
     for arch, artifact in runnable:
-        info = _python_json("import json,sys,torch; torch.ops.load_library(sys.argv[1]); "
-                            "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
+        info = load_build_info(artifact)
         if "error" in info:
             results.append({"arch": arch, "route": "load", "ok": False, "detail": info["error"]})
             continue
