@@ -199,4 +199,5 @@ def test_report_on_the_tiny_kernel_counts_its_hmma(clang_cuda, tmp_path):
     # 32-thread blocks: the 32-blocks-per-SM limit binds, 8 warps share each sub-partition.
     assert k["occupancy"]["threads_per_block"] == 32 and k["occupancy"]["warps_per_sm"] == 32
     assert loop["mix"]["hmma"] == 8 and loop["cycles"]["tensor"] == 8 * 8 * 2
+    assert k["warps_per_subpartition"] == 8
     assert rows["no_mma"]["hot_loops"] == []

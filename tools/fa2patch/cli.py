@@ -249,13 +249,21 @@ def smoke(ctx, archs, as_json):
 @click.option("--launch", "launches", multiple=True, metavar="GLOB=THREADS[:DYN_SMEM]",
               help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
                    "[default: the extension's build_info()]")
+@click.option("--shapes", default=None, metavar="SPEC",
+              help="also bound the sm70-dense route's time and TFLOP/s on V100 for these shapes "
+                   "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1]; a:b:step sweeps; ';' "
+                   "separates groups) [default: no prediction]")
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, as_json):
-    """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds."""
+def report(ctx, arch, launches, shapes, as_json):
+    """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
+    with --shapes, a predicted upper bound on TFLOP/s per shape (a bound, not a measurement)."""
+    from .bench import parse_shapes
+    from .report import load_v100, predict
     from .report import report as do_report
     from .verify import load_manifest
 
+    shape_list = parse_shapes(shapes) if shapes is not None else []
     launch = {}
     for item in launches:
         glob, _, value = item.rpartition("=")
@@ -270,8 +278,11 @@ def report(ctx, arch, launches, as_json):
 
         launch = {f"*{part}*": v for part, v in launches_of(load_build_info(artifact)).items()}
     rows = do_report(artifact, arch, launch)
+    v100 = load_v100()
+    predictions = [predict(s, rows, v100, artifact) for s in shape_list]
     if as_json:
-        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows}, indent=1))
+        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows,
+                               **({"predictions": predictions} if shape_list else {})}, indent=1))
         return
     click.echo("Static bounds from the SASS (V100 parameters: tools/fa2patch/data/v100.toml); "
                "not measurements. Counts are per warp and loop iteration as written (static).")
@@ -287,6 +298,18 @@ def report(ctx, arch, launches, as_json):
     click.echo(_table([[("-" if c is None else c) for c in r] for r in table],
                       ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem B", "binding",
                        "tensor util <=", "TFLOP/s <="]))
+    if predictions:
+        click.echo(f"\nPredicted (bound, not a measurement): sm70-dense route on V100 at "
+                   f"{v100['boost_clock_mhz']} MHz, useful causal FLOPs. Time >= hot-loop cycles only "
+                   f"(no prologue/epilogue, latency or HBM), so ms is a lower bound and TFLOP/s an upper "
+                   f"bound. limit: all SMs busy (throughput) or whole CTAs per SM (cta_granularity).")
+        click.echo(_table([[p["label"], p["kernel"], p["warp_iterations"],
+                            f"{p['binding']} {p['cycles_per_warp_iteration']:g}/it", p["limited_by"],
+                            f"{p['cycles']:.4g}", f"{p['ms_lower_bound']:.3f}",
+                            "-" if p["tflops_upper_bound"] is None else f"{p['tflops_upper_bound']:.1f}"]
+                           for p in predictions],
+                          ["shape", "kernel", "warp-iter", "binding (cyc)", "limit", "cycles", "ms >=",
+                           "TFLOP/s <="]))
 
 
 @cli.command()

@@ -6,6 +6,10 @@ SASS (static: inner loops count once) and a lower bound on its cycles per sub-pa
 largest of the tensor pipe, the issue slots, shared-memory bandwidth, the FP32 and MUFU pipes,
 with W warps per sub-partition sharing the SM. From it, an upper bound on tensor-pipe
 utilization and on TFLOP/s at the boost clock. It is a bound, not a measurement.
+
+``predict``: for a problem shape, an upper bound on the sm70-dense route's TFLOP/s (useful causal
+FLOPs, attended pairs only) from the cycles of its kernel's hot loop. See ``predict`` for exactly
+what that model includes and leaves out.
 """
 
 import tomllib
@@ -15,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from . import sass, toolchain
+from .bench import Shape, useful_flops
 from .errors import EnvironmentProblem
 
 CATEGORIES = {
@@ -25,6 +30,12 @@ CATEGORIES = {
     "JMP": "branch", "CALL": "branch", "RET": "branch", "BREAK": "branch",
     "BAR": "barrier", "WARPSYNC": "barrier", "SHFL": "shuffle",
 }
+# The sm70-dense route (work/flash-attn/csrc/flash_attn/fa2patch/sm70/: sm70_api.cpp dispatches a head
+# dim d to the kernel for the smallest of these >= d; kernel_traits.h gives the tiles): query rows
+# per CTA, keys per main-loop iteration, warps per CTA (one per 16 rows).
+ROUTE_KERNEL = "flash_fwd_sm70_kernel<{}>"
+ROUTE_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+BLOCK_M, BLOCK_N, WARPS_PER_CTA = 64, 32, 4
 WIDTH = {"8": 1, "U8": 1, "S8": 1, "16": 2, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
@@ -110,7 +121,69 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]]) -> lis
         out.append({
             "kernel": pretty[f.name], "registers": r.registers if r else None, "stack": r.stack if r else None,
             "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
-            "occupancy": occ, "hmma_total": f.hmma,
+            "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma,
             "hot_loops": [vars(analyse_loop(lp, v100, w)) for lp in f.hot_loops()],
         })
     return out
+
+
+def key_blocks_per_cta(q: int, kv: int, causal: bool) -> list[int]:
+    """Main-loop iterations (key blocks of BLOCK_N keys) of each CTA of one (batch, head), CTA m
+    holding query rows m*BLOCK_M .. (m+1)*BLOCK_M-1, as the kernel's n_block_max gives them:
+    ceil(kv / BLOCK_N) blocks, with the bottom-right causal mask no more than
+    ceil(((m+1)*BLOCK_M + kv - q) / BLOCK_N) (a partial last CTA counts as BLOCK_M rows there,
+    as in the kernel), and none when that is <= 0."""
+    blocks = -(-kv // BLOCK_N)
+    return [max(0, min(blocks, -(-((m + 1) * BLOCK_M + kv - q) // BLOCK_N)) if causal else blocks)
+            for m in range(-(-q // BLOCK_M))]
+
+
+def predict(shape: Shape, kernels: list[dict], v100: dict, artifact: Path) -> dict:
+    """A lower bound on the sm70-dense route's time for ``shape`` on V100 at the boost clock, and
+    the upper bound on TFLOP/s it implies (useful FLOPs: attended pairs only). ``kernels``: the
+    rows of ``report``; the route's kernel for ``shape.d`` must be among them.
+
+    Included: every CTA of the grid (ceil(q/BLOCK_M) x hq) runs ``key_blocks_per_cta`` iterations
+    of its kernel's hot loop (the one with the most HMMA) in each of its WARPS_PER_CTA warps; one
+    warp-iteration costs c cycles of its sub-partition, c being the largest per-resource bound of
+    the hot loop for one warp per sub-partition (the report's bound divided by its W). These
+    bounds are throughputs, so warps sharing a sub-partition add up and occupancy does not change
+    them. The time is at least the larger of
+      - throughput: warp-iterations x c / (sm_count x subpartitions_per_sm), all SMs busy all along;
+      - CTA granularity (waves): a CTA runs on one SM, so for every k some SM runs k+1 of the
+        k*sm_count+1 longest CTAs, at least (k+1) x (their shortest iterations) x c; k=0 is the
+        longest CTA.
+    Left out, each of which only adds time: the prologue and epilogue (Q load, O and LSE
+    stores, CTAs with no visible key), latencies and stalls, synchronization, HBM bandwidth, the
+    clock falling below boost, and inner loops of the hot loop beyond their one static count.
+    """
+    dpad = next((h for h in ROUTE_HEAD_DIMS if h >= shape.d), None)
+    if dpad is None or shape.d % 8:
+        raise EnvironmentProblem(f"--shapes: d={shape.d}: the sm70-dense route takes head dims that "
+                                 f"are multiples of 8 up to {ROUTE_HEAD_DIMS[-1]}")
+    name = ROUTE_KERNEL.format(dpad)
+    kernel = next((k for k in kernels if name in k["kernel"]), None)
+    if kernel is None:
+        raise EnvironmentProblem(f"{artifact}: no kernel {name}, the sm70-dense route's kernel for "
+                                 f"d={shape.d}; its SM70 kernels: "
+                                 f"{', '.join(k['kernel'] for k in kernels) or 'none'}")
+    if not kernel["hot_loops"]:
+        raise EnvironmentProblem(f"{artifact}: kernel {name} has no hot loop (no loop with HMMA)")
+    loop = max(kernel["hot_loops"], key=lambda lp: lp["mix"].get("hmma", 0))
+    per_warp = {b: c / kernel["warps_per_subpartition"] for b, c in loop["cycles"].items()}
+    binding = max(per_warp, key=per_warp.get)
+    c = per_warp[binding]
+    ctas = sorted(key_blocks_per_cta(shape.q, shape.kv, shape.causal) * shape.hq, reverse=True)
+    sms = v100["sm_count"]
+    bounds = {
+        "throughput": WARPS_PER_CTA * sum(ctas) * c / (sms * v100["subpartitions_per_sm"]),
+        "cta_granularity": max(((k + 1) * ctas[k * sms] * c for k in range(-(-len(ctas) // sms))),
+                               default=0.0),
+    }
+    limit = max(bounds, key=bounds.get)
+    seconds = bounds[limit] / (v100["boost_clock_mhz"] * 1e6)
+    flops = useful_flops(shape)
+    return {"label": shape.label, "kernel": name, "ctas": len(ctas), "warp_iterations": WARPS_PER_CTA * sum(ctas),
+            "binding": binding, "cycles_per_warp_iteration": c, "bounds": bounds, "limited_by": limit,
+            "cycles": bounds[limit], "useful_flops": flops, "ms_lower_bound": seconds * 1e3,
+            "tflops_upper_bound": flops / seconds / 1e12 if seconds else None}
