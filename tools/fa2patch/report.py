@@ -153,6 +153,7 @@ def predict(shape: Shape, kernels: list[dict], v100: dict, artifact: Path) -> di
       - CTA granularity (waves): a CTA runs on one SM, so for every k some SM runs k+1 of the
         k*sm_count+1 longest CTAs, at least (k+1) x (their shortest iterations) x c; k=0 is the
         longest CTA.
+    It assumes one split (num_splits = 1; a split-KV launch and its combine kernel are not modelled).
     Left out, each of which only adds time: the prologue and epilogue (Q load, O and LSE
     stores, CTAs with no visible key), latencies and stalls, synchronization, HBM bandwidth, the
     clock falling below boost, and inner loops of the hot loop beyond their one static count.
