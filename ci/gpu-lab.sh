@@ -5,6 +5,9 @@
 #   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit
 #   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
+# Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
+# tests/gpu, FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
+# merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/lab-out}
@@ -22,15 +25,35 @@ f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
 sdist=(); [ -f .lab/flash_attn-2.8.3.tar.gz ] && sdist=(--sdist .lab/flash_attn-2.8.3.tar.gz)
 python3 -c 'import torch, sys; print("[lab] python", sys.version.split()[0], "torch", torch.__version__,
     torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
-f fetch "${sdist[@]}" || exit 2
-f replay --workspace work/lab --force || exit 1
-f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
-rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
 status=0
-f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
-f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; echo "[lab] smoke exit ${PIPESTATUS[0]}"
-FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
-    python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
-    --junitxml "$out/gpu-junit.xml" || status=1
+if [ "${LAB_REUSE_BUILD:-0}" = 1 ] && [ -f build/sm_90/manifest.json ]; then
+    echo "[lab] reusing build/sm_90"
+else
+    f fetch "${sdist[@]}" || exit 2
+    f replay --workspace work/lab --force || exit 1
+    f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
+    rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
+    f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; echo "[lab] smoke exit ${PIPESTATUS[0]}"
+fi
+if [ "${LAB_TESTS:-1}" = 1 ]; then
+    FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
+        python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
+        --junitxml "$out/gpu-junit.xml" || status=1
+fi
+if [ "${LAB_SANITIZE:-0}" = 1 ]; then
+    OUT=$out bash ci/gpu-sanitize.sh || status=1
+    [ -f "$out/gpu-summary.json" ] && python3 - "$out/gpu-summary.json" "$out/sanitize-summary.json" <<'EOF'
+import json, sys
+summary, sanitize = (json.load(open(p)) for p in sys.argv[1:])
+summary["sanitizer"] = {"clean": sanitize["clean"],
+                        "families": {f: "clean" if v["clean"] else "dirty" for f, v in sanitize["families"].items()}}
+json.dump(summary, open(sys.argv[1], "w"), indent=1)
+EOF
+fi
+if [ "${LAB_BENCH:-0}" = 1 ]; then
+    f bench --arch sm_90 --json-file "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
 echo "[lab] status $status"
 exit $status

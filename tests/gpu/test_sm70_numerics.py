@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).with_name("sm70_cases.py")
+SCRIPT = Path(__file__).with_name("sm70_cases.py")             # varlen_fwd cases
+KVCACHE_SCRIPT = Path(__file__).with_name("kvcache_cases.py")  # fwd_kvcache cases
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 FORCE = {"FA2PATCH_FORCE_SM70": "1"}
 TIMEOUT_S = 300
@@ -40,6 +41,7 @@ class Case:
     spec: dict
     slow: bool = False
     expect: dict = field(default_factory=dict)  # bad-input cases: what the error must look like
+    script: Path = SCRIPT
 
     @property
     def id(self) -> str:
@@ -192,6 +194,36 @@ case("determinism", "paged-decode-p16-s4", seqlens=[(1, 1000), (1, 4097), (1, 17
 case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16,
      repeats=10)
 
+# fwd_kvcache (kvcache_cases.py): contiguous and paged caches, seqlens_k, split-KV, appended k/v
+# with rotary (both pairings, per-row and uniform query positions), cache_batch_idx, leftpad_k.
+def kv_case(name, **spec):
+    spec.setdefault("seed", len(NUMERICS) + 1)
+    NUMERICS.append(Case("kvcache", name, spec, script=KVCACHE_SCRIPT))
+
+
+KV_DECODE = [1, 15, 16, 17, 300, 1000]
+for splits in (0, 1, 5):
+    kv_case(f"contig-decode-gqa-s{splits}", cache=KV_DECODE, num_splits=splits)
+kv_case("paged-p16-decode-hq6-hkv1-d256", cache=KV_DECODE, hq=6, hkv=1, d=256, page_size=16)
+kv_case("paged-p32-decode-s3-d64", cache=KV_DECODE, hq=8, hkv=1, d=64, page_size=32, num_splits=3)
+kv_case("append1-rotary-contig", cache=[0, 16, 40, 299], seqlen_new=1, rotary_dim=64)
+kv_case("append1-rotary-interleaved-paged-p16", cache=[0, 15, 40, 299], seqlen_new=1, rotary_dim=128,
+        interleaved=True, page_size=16)
+kv_case("append4-rotary-causal-prefill", cache=[3, 60, 100], seqlen_q=4, seqlen_new=4, hq=4, hkv=4, d=64,
+        rotary_dim=32)
+kv_case("append4-rotary-noncausal", cache=[3, 60, 100], seqlen_q=4, seqlen_new=4, hq=4, hkv=2, d=64,
+        causal=False, rotary_dim=64, interleaved=True)
+kv_case("append2-paged-p16-s4", cache=[14, 33, 500], seqlen_q=2, seqlen_new=2, page_size=16, num_splits=4)
+kv_case("cache-batch-idx-append", cache=[5, 70, 200], seqlen_new=1, cache_batch_idx=True, rotary_dim=64)
+kv_case("leftpad-causal", cache=[20, 40, 64, 9], leftpad=[0, 3, 10, 9], seqlen_q=2, hq=4, hkv=2, d=128)
+kv_case("whole-cache-no-seqlens", cache=[50, 50], capacity=50, with_seqlens_k=False, seqlen_q=3, hq=4,
+        hkv=2, d=96)
+kv_case("window-32-0-append-rotary", cache=[10, 100, 300], seqlen_new=1, window=[32, 0], rotary_dim=64)
+kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6,
+        hkv=1)
+kv_case("determinism-paged-append-s4", cache=[1000, 4097, 17], seqlen_new=1, page_size=16, num_splits=4,
+        rotary_dim=64, repeats=10)
+
 # The reference workload's endpoints (DESIGN.md section 4, patch 0003): Q=8000 new tokens.
 for kv in (40000, 128000):
     for page in (None, 16):
@@ -219,6 +251,25 @@ for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "
         page_size=16, bad_block_table=[0, 1, value])
     bad(f"block-table-{label}-decode", {}, seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, causal=True,
         page_size=16, bad_block_table=[1, 4, value])
+
+
+def kv_bad(name, expect, **spec):
+    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec},
+                    expect={"out_untouched": True, "cache_untouched": True, **expect}, script=KVCACHE_SCRIPT))
+
+
+kv_bad("kvcache-append-beyond-cache", {"message": "exceed"}, cache=[5, 20], capacity=20, seqlen_new=1)
+kv_bad("kvcache-seqlens-negative", {"message": "exceed"}, cache=[5, 20], bad_seqlens_k=[5, -1])
+kv_bad("kvcache-cache-batch-idx-out-of-range", {"message": "cache_batch_idx"}, cache=[5, 20], seqlen_new=1,
+       cache_batch_idx=True, bad_cache_batch_idx=[0, 4])
+kv_bad("kvcache-leftpad-beyond-seqlens", {"message": "leftpad"}, cache=[5, 20], bad_leftpad=[6, 0])
+kv_bad("kvcache-rotary-table-short", {"message": "rotary"}, cache=[5, 20], seqlen_new=1, rotary_dim=64,
+       rotary_rows=20)
+kv_bad("kvcache-block-table-minus1", {"message": "block_table"}, cache=[40, 70], page_size=16,
+       bad_block_table=[1, 2, -1])
+kv_bad("kvcache-append-without-seqlens", {"message": "seqlens_k"}, cache=[5, 20], seqlen_new=1,
+       with_seqlens_k=False)
+kv_bad("kvcache-bf16", {"message": "bf16"}, cache=[5, 20], dtype="bfloat16")
 
 
 _ids = [c.id for c in NUMERICS + BAD]
@@ -253,7 +304,7 @@ class CaseRunner:
     def _run(self, c: Case) -> dict:
         t0 = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, str(SCRIPT), str(self.artifact), json.dumps(c.spec)],
+            proc = subprocess.run([sys.executable, str(c.script), str(self.artifact), json.dumps(c.spec)],
                                   capture_output=True, text=True, env=self.env, timeout=c.timeout)
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"timed out after {c.timeout} s"}
@@ -321,6 +372,8 @@ def test_numerics(c: Case, runner, numerics_summary):
     assert r["lse_max_err"] <= LSE_TOL, f"softmax_lse off by {r['lse_max_err']}\n{where}"
     assert r["ratio"] <= 1.0, f"max|out-ref| above FA2's bar (ratio = max over sequences)\n{where}"
     assert r["rel_l2"] <= 1e-3 and r["rel_l2_worst_seq"] <= 1e-3, f"relative L2 above 1e-3\n{where}"
+    if "cache_ok" in r:
+        assert r["cache_ok"], f"the KV cache after the call is not the cache with the appended rows\n{where}"
     if c.spec.get("repeats", 1) > 1:
         assert r.get("deterministic") is True, f"{c.spec['repeats']} calls are not bitwise identical\n{where}"
     assert r["ok"], where
@@ -339,10 +392,13 @@ def test_bad_input_is_a_typed_error(c: Case, runner, numerics_summary):
         assert c.expect["message"] in r["message"].lower(), where
     if c.expect.get("out_untouched"):
         assert r["out_untouched"] and r["guard_ok"], f"out was written before the error\n{where}"
+    if c.expect.get("cache_untouched"):
+        assert r["cache_untouched"], f"the KV cache was written before the error\n{where}"
 
 
 def _bad_ok(c: Case, r: dict) -> bool:
     return bool(r.get("error") is None and r.get("raised") in TYPED_ERRORS and r.get("device_ok")
                 and (not c.expect.get("message") or c.expect["message"] in (r.get("message") or "").lower())
-                and (not c.expect.get("out_untouched") or (r.get("out_untouched") and r.get("guard_ok"))))
+                and (not c.expect.get("out_untouched") or (r.get("out_untouched") and r.get("guard_ok")))
+                and (not c.expect.get("cache_untouched") or r.get("cache_untouched")))
 

@@ -322,9 +322,11 @@ def report(ctx, arch, launches, shapes, as_json):
                    "D=256, causal, scale 1/16]")
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--json-file", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
+              help="also write the JSON result to this file (one run gives the table and the JSON)")
 @json_option
 @pass_ctx
-def bench(ctx, arch, routes, shapes, warmup, reps, as_json):
+def bench(ctx, arch, routes, shapes, warmup, reps, json_file, as_json):
     """Time routes of the extension over a shape sweep (CUDA events) with numerics."""
     from . import bench as b
     from .digest import sha256_file
@@ -346,6 +348,8 @@ def bench(ctx, arch, routes, shapes, warmup, reps, as_json):
 
     result = b.bench(gpu, artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
                      warmup, reps, progress=progress)
+    if json_file is not None:
+        json_file.write_text(json.dumps(result, indent=1) + "\n")
     if as_json:
         click.echo(json.dumps(result, indent=1))
     else:
