@@ -6,7 +6,7 @@
 #   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
-# tests/gpu, FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
+# tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,7 @@ else
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then
     FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
-        python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu \
+        python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} tests/gpu \
         --junitxml "$out/gpu-junit.xml" || status=1
 fi
 if [ "${LAB_SANITIZE:-0}" = 1 ]; then

@@ -32,6 +32,7 @@ the rotated new k/v, every other cache element is unchanged) and cache_max_err.
 
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -40,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from sm70_cases import _first_line, fa2_mask  # noqa: E402
+from sm70_cases import _first_line, fa2_mask, run_op_only  # noqa: E402
 
 DEFAULTS = {
     "cache": None, "seqlen_q": 1, "seqlen_new": 0, "capacity": None, "hq": 8, "hkv": 2, "d": 128,
@@ -305,7 +306,10 @@ def main(argv) -> int:
     op = torch.ops._vllm_fa2_C.fwd_kvcache
     t0 = time.perf_counter()
     x = build_inputs(spec)
-    result = run_error(op, spec, x) if spec["expect_error"] else run_numerics(op, spec, x)
+    if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
+        result = run_op_only(lambda out: call_op(op, spec, x, out), new_out(x)[1])
+    else:
+        result = run_error(op, spec, x) if spec["expect_error"] else run_numerics(op, spec, x)
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(result))
     return 0

@@ -43,6 +43,7 @@ Exit code 0 whenever a JSON line was printed; 1 for a failure of this harness it
 
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -345,6 +346,19 @@ def run_numerics(op, spec, inputs) -> dict:
     return result
 
 
+def run_op_only(call, out) -> dict:
+    """Only the op and a synchronisation, for compute-sanitizer racecheck (FA2PATCH_OP_ONLY=1): the
+    reference's cuBLAS kernels are not under test there."""
+    import torch
+
+    try:
+        call(out)
+        torch.cuda.synchronize()
+        return {"op_only": True, "raised": None}
+    except Exception as exc:
+        return {"op_only": True, "raised": type(exc).__name__, "message": _first_line(exc)}
+
+
 def run_error(op, spec, inputs) -> dict:
     import torch
 
@@ -389,7 +403,10 @@ def main(argv) -> int:
         op, device = torch.ops._vllm_fa2_C.varlen_fwd, "cuda"
     t0 = time.perf_counter()
     inputs = build_inputs(spec, device)
-    result = run_error(op, spec, inputs) if spec["expect_error"] else run_numerics(op, spec, inputs)
+    if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
+        result = run_op_only(lambda out: call_op(op, spec, inputs, out), new_out(inputs, spec["hq"], spec["d"])[1])
+    else:
+        result = run_error(op, spec, inputs) if spec["expect_error"] else run_numerics(op, spec, inputs)
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(result))
     return 0
