@@ -54,12 +54,13 @@ def test_judge_envelope_and_contract():
 def test_table_has_speedup_latency_reduction_and_the_warning():
     def res(route, ms):
         return {"route": route, "label": "Q=8 KV=16", "median_ms": ms, "tflops": 1.0,
-                "envelope_ok": True, "contract_ok": route == "a"}
-    result = {"gpu": "NVIDIA H200", "capability": "sm_90", "sm_clock": "1980 MHz", "driver": "580",
-              "manifest_sha256": "ab" * 32, "routes": ["a", "b"], "is_v100": False,
+                "sm_clock_after": "1980 MHz", "envelope_ok": True, "contract_ok": route == "a"}
+    result = {"gpu": "NVIDIA H200", "capability": "sm_90", "sm_clock_idle": "345 MHz",
+              "sm_clock_max": "1980 MHz", "driver": "580", "manifest_sha256": "ab" * 32, "routes": ["a", "b"], "is_v100": False,
               "results": [res("a", 4.0), res("b", 1.0)]}
     text = render(result)
     assert WARNING in text and "4.00x" in text and "75%" in text and "ok/FAIL" in text
+    assert "345 MHz idle, 1980 MHz max, 1980 MHz right after the timed calls" in text
     assert WARNING not in render({**result, "is_v100": True})
 
 

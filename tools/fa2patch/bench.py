@@ -119,9 +119,7 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
                                  f"{', '.join(known) or 'none'}")
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True)
-    clock, _, driver = (smi.stdout.strip().splitlines() or [","])[0].partition(",")
+    idle, max_clock, driver = (_smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
         r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
@@ -131,9 +129,19 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
             r.update(judge(r["numerics"]))
             r["tflops"] = useful_flops(shape) / (r["median_ms"] * 1e-3) / 1e12
         results.append({"route": route, "shape": asdict(shape), "label": shape.label, **r})
-    return {"gpu": gpu["name"], "capability": gpu["capability"], "sm_clock": clock.strip(),
-            "driver": driver.strip(), "manifest_sha256": manifest_sha256, "routes": routes,
+    return {"gpu": gpu["name"], "capability": gpu["capability"], "sm_clock_idle": idle.strip(),
+            "sm_clock_max": max_clock.strip(), "driver": driver.strip(), "manifest_sha256": manifest_sha256, "routes": routes,
             "is_v100": gpu["capability"] == "sm_70", "results": results}
+
+
+def _smi(fields: str) -> str:
+    """First GPU's nvidia-smi values (CSV, no units header); empty without nvidia-smi."""
+    try:
+        proc = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        return ""
+    return (proc.stdout.strip().splitlines() or [""])[0]
 
 
 def worker() -> None:
@@ -167,6 +175,7 @@ def worker() -> None:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    clock = _smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
     times.sort()
     ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
     ref16, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16,
@@ -174,7 +183,7 @@ def worker() -> None:
     numerics = compare(out, ref, ref16)
     numerics["mean_abs"] = (out.float() - ref).abs().mean().item()
     print(json.dumps({"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1],
-                      "numerics": numerics}))
+                      "sm_clock_after": clock.strip(), "numerics": numerics}))
 
 
 WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "
@@ -185,8 +194,10 @@ def render(result: dict) -> str:
     """The A/B table: per shape, median ms of each route, speedup and latency reduction of B
     over A, useful causal TFLOP/s, and the numerics verdicts (envelope / contract)."""
     routes = result["routes"]
-    lines = [f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock']}, driver "
-             f"{result['driver']}, build manifest sha256 {result['manifest_sha256'][:16]}"]
+    loaded = sorted({r["sm_clock_after"] for r in result["results"] if r.get("sm_clock_after")})
+    lines = [f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock_idle']} idle, "
+             f"{result['sm_clock_max']} max, {' / '.join(loaded) or 'unknown'} right after the timed calls; "
+             f"driver {result['driver']}, build manifest sha256 {result['manifest_sha256'][:16]}"]
     if not result["is_v100"]:
         lines.append(WARNING)
     by_shape: dict[str, dict] = {}
