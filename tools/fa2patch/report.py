@@ -144,7 +144,9 @@ def predict(shape: Shape, kernels: list[dict], v100: dict, artifact: Path) -> di
     rows of ``report``; the route's kernel for ``shape.d`` must be among them.
 
     Included: every CTA of the grid (ceil(q/BLOCK_M) x hq) runs ``key_blocks_per_cta`` iterations
-    of its kernel's hot loop (the one with the most HMMA) in each of its WARPS_PER_CTA warps; one
+    of its kernel's hot loop (the one with the most HMMA; among equals, the cheapest: the kernel
+    runs each KV block through one of two loop bodies, unmasked or masked, and every block costs
+    at least the cheaper one) in each of its WARPS_PER_CTA warps; one
     warp-iteration costs c cycles of its sub-partition, c being the largest per-resource bound of
     the hot loop for one warp per sub-partition (the report's bound divided by its W). These
     bounds are throughputs, so warps sharing a sub-partition add up and occupancy does not change
@@ -170,7 +172,9 @@ def predict(shape: Shape, kernels: list[dict], v100: dict, artifact: Path) -> di
                                  f"{', '.join(k['kernel'] for k in kernels) or 'none'}")
     if not kernel["hot_loops"]:
         raise EnvironmentProblem(f"{artifact}: kernel {name} has no hot loop (no loop with HMMA)")
-    loop = max(kernel["hot_loops"], key=lambda lp: lp["mix"].get("hmma", 0))
+    most = max(lp["mix"].get("hmma", 0) for lp in kernel["hot_loops"])
+    loop = min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
+               key=lambda lp: max(lp["cycles"].values()))
     per_warp = {b: c / kernel["warps_per_subpartition"] for b, c in loop["cycles"].items()}
     binding = max(per_warp, key=per_warp.get)
     c = per_warp[binding]
