@@ -18,6 +18,7 @@ cases=(
   "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 32}'
   "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 96, "causal": true}'
   "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 192, "causal": true}'
+  "window|$v|"'{"seqlens": [[300, 700], [5, 400]], "hq": 2, "hkv": 1, "d": 64, "window": [150, 40]}'
   "window|$v|"'{"seqlens": [[1, 40], [3, 77]], "hq": 8, "hkv": 1, "d": 128, "page_size": 16, "window": [16, 0]}'
   "softcap_alibi|$v|"'{"seqlens": [[70, 70]], "hq": 6, "hkv": 1, "d": 256, "causal": true, "softcap": 30.0, "alibi": true}'
   "split_kv|$v|"'{"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "num_splits": 4}'

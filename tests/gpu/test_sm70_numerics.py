@@ -90,6 +90,13 @@ case("window", "16-0-full-d64", seqlens=WIN_SEQS, hq=4, hkv=2, d=64, window=[16,
 case("window", "8-8-full-d128", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, window=[8, 8])
 case("window", "8-8-causal-d64", seqlens=WIN_SEQS, hq=4, hkv=1, d=64, causal=True, window=[8, 8])
 case("window", "0-0-full-d64", seqlens=WIN_SEQS, hq=2, hkv=2, d=64, window=[0, 0])
+# Windows wider than a block: unmasked blocks between the masked edges of both sides.
+case("window", "100-0-causal-long-d128", seqlens=[(300, 700), (64, 64), (1, 500), (90, 33)], hq=4, hkv=2,
+     d=128, causal=True, window=[100, 0])
+case("window", "150-40-full-long-d64", seqlens=[(300, 700), (200, 180), (5, 400)], hq=4, hkv=1, d=64,
+     window=[150, 40])
+case("window", "100-0-paged-p48-d256", seqlens=[(130, 600), (1, 97)], hq=6, hkv=1, d=256, causal=True,
+     window=[100, 0], page_size=48)
 case("window", "64-32-long-d96", seqlens=[(200, 300), (300, 200)], hq=2, hkv=1, d=96, window=[64, 32])
 case("window", "16-0-paged-decode", seqlens=[(1, 100), (1, 5), (1, 40)], hq=8, hkv=2, d=128,
      causal=True, window=[16, 0], page_size=16)   # a window disables the seqlen_q/ngroups swap
