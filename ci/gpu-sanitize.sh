@@ -27,6 +27,9 @@ cases=(
   "kvcache|$k|"'{"cache": [20, 40], "leftpad": [3, 0], "seqlen_q": 3, "hq": 4, "hkv": 2, "d": 128}'
   "bad_input|$v|"'{"seqlens": [[1, 40], [1, 70]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "expect_error": true, "bad_block_table": [1, 4, -1]}'
   "bad_input|$v|"'{"seqlens": [[8, 40]], "hq": 4, "hkv": 2, "d": 264, "expect_error": true}'
+  "bad_input|$v|"'{"seqlens": [[8, 40], [4, 20]], "bad_cu_seqlens_k": [0, 40, 61], "expect_error": true}'
+  "bad_input|$v|"'{"seqlens": [[1, 40], [1, 70]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "bad_seqused_k": [40, 81], "expect_error": true}'
+  "bad_input|$v|"'{"seqlens": [[8, 40], [4, 20]], "misaligned": "k", "expect_error": true}'
   "bad_input|$k|"'{"cache": [5, 20], "capacity": 20, "seqlen_new": 1, "expect_error": true}'
   "bad_input|$k|"'{"cache": [5, 20], "seqlen_new": 1, "cache_batch_idx": true, "bad_cache_batch_idx": [0, 4], "expect_error": true}'
 )

@@ -32,6 +32,10 @@ The spec (every key optional except ``seqlens``; defaults in ``DEFAULTS``):
   lse_tol        absolute tolerance on softmax_lse (1e-3, DESIGN.md section 7)
   expect_error   true: the call is expected to raise; no reference, report the error instead
   bad_block_table  with expect_error: [sequence, block index, value] written into block_table
+  bad_cu_seqlens_q, bad_cu_seqlens_k, bad_seqused_k  with expect_error: values that replace the
+                 tensor's (int32)
+  misaligned     with expect_error: "q" or "k": that tensor becomes a view whose rows start 2
+                 bytes off a 16-byte boundary (last dim still contiguous)
   extra_blocks   extra (unused, zero) columns in block_table, like vLLM's padded tables
 
 Output (numerics): max_abs, rel_l2 (whole output), rel_l2_worst_seq, bar (FA2's, of the worst
@@ -57,6 +61,7 @@ DEFAULTS = {
     "spare_blocks": 3, "extra_blocks": 0, "num_splits": 0, "scale": None, "magnitude": 1.0,
     "strided": False, "poison": False, "repeats": 1, "seed": 0, "ref_dtype": "float32",
     "ref_chunk_elems": 1 << 28, "lse_tol": 1e-3, "expect_error": False, "bad_block_table": None,
+    "bad_cu_seqlens_q": None, "bad_cu_seqlens_k": None, "bad_seqused_k": None, "misaligned": None,
 }
 GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
@@ -159,6 +164,15 @@ def build_inputs(spec: dict, device) -> dict:
         inputs.update(k=k, v=v, cu_seqlens_k=cu_k, block_table=table.to(device),
                       seqused_k=torch.tensor(sk, dtype=torch.int32, device=device),
                       num_blocks=num_blocks)
+    for key, name in (("bad_cu_seqlens_q", "cu_seqlens_q"), ("bad_cu_seqlens_k", "cu_seqlens_k"),
+                      ("bad_seqused_k", "seqused_k")):
+        if spec[key] is not None:
+            inputs[name] = torch.tensor(spec[key], dtype=torch.int32, device=device)
+    if spec["misaligned"] is not None:  # same values, rows 2 bytes off: a [..., 1:] view of a wider tensor
+        t = inputs[spec["misaligned"]]
+        wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=device)
+        wide[..., 1:] = t
+        inputs[spec["misaligned"]] = wide[..., 1:]
     inputs["alibi_slopes"] = ((torch.rand(hq, device=device) * 0.998 + 0.001).float()
                               if spec["alibi"] else None)
     inputs["scale"] = float(spec["scale"]) if spec["scale"] is not None else d ** -0.5

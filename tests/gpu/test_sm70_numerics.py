@@ -260,6 +260,27 @@ for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "
         page_size=16, bad_block_table=[1, 4, value])
 
 
+# Index tensors out of range, and strides the kernels cannot read with 16-byte vectors.
+bad("cu-seqlens-q-decreasing", {"out_untouched": True, "message": "cu_seqlens_q"},
+    seqlens=[(8, 40), (4, 20), (6, 9)], bad_cu_seqlens_q=[0, 8, 6, 18])
+bad("cu-seqlens-q-beyond-q", {"out_untouched": True, "message": "cu_seqlens_q"},
+    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_q=[0, 8, 13])
+bad("cu-seqlens-k-beyond-k", {"out_untouched": True, "message": "cu_seqlens_k"},
+    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[0, 40, 61])
+bad("cu-seqlens-k-negative", {"out_untouched": True, "message": "cu_seqlens_k"},
+    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[-5, 40, 60])
+bad("seqused-k-beyond-paged-cache", {"out_untouched": True, "message": "seqused_k"},
+    seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[40, 81])
+bad("seqused-k-beyond-contiguous-keys", {"out_untouched": True, "message": "seqused_k"},
+    seqlens=[(8, 40), (4, 20)], bad_seqused_k=[41, 20])
+bad("seqused-k-negative", {"out_untouched": True, "message": "seqused_k"},
+    seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[-1, 70])
+bad("misaligned-q-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)],
+    misaligned="q")
+bad("misaligned-k-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)],
+    misaligned="k")
+
+
 def kv_bad(name, expect, **spec):
     BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec},
                     expect={"out_untouched": True, "cache_untouched": True, **expect}, script=KVCACHE_SCRIPT))
