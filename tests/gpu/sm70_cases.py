@@ -67,13 +67,20 @@ GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
 
 
-def _spec(raw: dict) -> dict:
-    unknown = set(raw) - set(DEFAULTS) - {"id", "family"}
+def with_defaults(raw: dict, defaults: dict, required: str) -> dict:
+    """A case spec completed with the harness's defaults; unknown keys and an empty ``required``
+    list are errors of the case, not results."""
+    unknown = set(raw) - set(defaults) - {"id", "family"}
     if unknown:
         raise ValueError(f"unknown spec keys: {sorted(unknown)}")
-    spec = {**DEFAULTS, **raw}
-    if not spec["seqlens"]:
-        raise ValueError("spec needs a non-empty seqlens list")
+    spec = {**defaults, **raw}
+    if not spec[required]:
+        raise ValueError(f"spec needs a non-empty {required} list")
+    return spec
+
+
+def _spec(raw: dict) -> dict:
+    spec = with_defaults(raw, DEFAULTS, "seqlens")
     spec["seqlens"] = [(int(a), int(b)) for a, b in spec["seqlens"]]
     return spec
 
@@ -373,23 +380,32 @@ def run_op_only(call, out) -> dict:
         return {"op_only": True, "raised": type(exc).__name__, "message": _first_line(exc)}
 
 
+def error_of(call, device) -> dict:
+    """``call()``, which should raise: its error, and whether the process and the device are
+    still usable after it."""
+    import torch
+
+    result = {"raised": None, "message": None}
+    try:
+        call()
+        torch.cuda.synchronize()
+    except Exception as exc:
+        result.update(raised=type(exc).__name__, message=_first_line(exc))
+    try:
+        torch.cuda.synchronize()
+        result["device_ok"] = torch.ones(4, device=device).sum().item() == 4.0
+    except Exception as exc:
+        result["device_ok"] = False
+        result["device_error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+    return result
+
+
 def run_error(op, spec, inputs) -> dict:
     import torch
 
     buf, out = new_out(inputs, spec["hq"], spec["d"])
     out.fill_(7.0)
-    result = {"raised": None, "message": None}
-    try:
-        call_op(op, spec, inputs, out)
-        torch.cuda.synchronize()
-    except Exception as exc:
-        result.update(raised=type(exc).__name__, message=_first_line(exc))
-    try:  # the process and the device must still be usable
-        torch.cuda.synchronize()
-        result["device_ok"] = torch.ones(4, device=out.device).sum().item() == 4.0
-    except Exception as exc:
-        result["device_ok"] = False
-        result["device_error"] = f"{type(exc).__name__}: {_first_line(exc)}"
+    result = error_of(lambda: call_op(op, spec, inputs, out), out.device)
     try:
         result["out_untouched"] = bool((out == 7.0).all())
         result["guard_ok"] = bool(torch.isnan(buf[:GUARD_ROWS]).all() and torch.isnan(buf[GUARD_ROWS + out.shape[0]:]).all())
