@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 import tomllib
 
 import pytest
@@ -113,6 +114,16 @@ print(json.dumps({"info": info, "raised": raised}))
     assert result["info"]["library"] == "_vllm_fa2_C"
     assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
     assert result["raised"] is not None
+
+
+def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):
+    """Header paths reach the binary through __FILE__: neither the project, the workspace nor the
+    Python environment (torch's headers) may appear in it, or the bytes depend on the machine."""
+    data = (built_sm70 / "_vllm_fa2_C.abi3.so").read_bytes()
+    import torch
+
+    folders = {str(real_project.root), sys.prefix, str(Path(torch.__file__).parents[1])}
+    assert [f for f in folders if f.encode() in data] == []
 
 
 def test_build_is_reproducible_from_another_project_folder(built_sm70, real_project, tmp_path):

@@ -119,9 +119,12 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    # Map the workspace path away so that the artifact does not depend on where it was built.
-    prefix_map = f"-ffile-prefix-map={tree}=fa2"
-    common = ["-std=c++17", "-O3", "-fPIC", prefix_map, *defines, *includes]
+    # Map the workspace, torch's site-packages and the build folder away (header paths end up in
+    # the binary through __FILE__), so that the artifact does not depend on where it was built.
+    site_packages = Path(torch["include"][0]).parents[1]
+    prefix_maps = [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
+                   f"-ffile-prefix-map={build_dir}=build"]
+    common = ["-std=c++17", "-O3", "-fPIC", *prefix_maps, *defines, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + ["-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu",
                                               "-ltorch_cuda"]
@@ -141,7 +144,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         sm = arch.removeprefix("sm_")
         cxx = [*launcher, str(host)]
         cxx_flags = [*common, "-isystem", str(cuda_home / "include")]
-        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", f"-Xcompiler={prefix_map}",
+        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in prefix_maps),
                       *defines, *includes,
                       f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
                       "--expt-relaxed-constexpr", "--expt-extended-lambda", f"-ccbin={host}"]
