@@ -52,8 +52,6 @@ run_one() {  # tool index
       "$tool" "$family" "$(basename "$harness")" "$spec" "$rc" "$verdict" \
       "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr -d '"=')" >>"$results"
 }
-export -f run_one
-export out so results
 jobs=${SANITIZE_JOBS:-4}
 for tool in memcheck racecheck; do
   for i in "${!cases[@]}"; do

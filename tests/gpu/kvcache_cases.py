@@ -35,13 +35,12 @@ import math
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from sm70_cases import _first_line, error_of, fa2_mask, run_op_only, with_defaults  # noqa: E402
+from sm70_cases import _first_line, error_of, fa2_mask, run_op_only, run_script, with_defaults  # noqa: E402
 
 DEFAULTS = {
     "cache": None, "seqlen_q": 1, "seqlen_new": 0, "capacity": None, "hq": 8, "hkv": 2, "d": 128,
@@ -303,8 +302,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv))
-    except Exception:
-        traceback.print_exc()
-        sys.exit(1)
+    run_script(main)

@@ -473,9 +473,14 @@ def _reference_op(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, a
     return [out, lse]
 
 
-if __name__ == "__main__":
+def run_script(main) -> None:
+    """Exit with main's status; a failure of the harness itself prints its traceback, exit 1."""
     try:
         sys.exit(main(sys.argv))
     except Exception:
         traceback.print_exc()
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_script(main)
