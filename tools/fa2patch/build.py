@@ -208,7 +208,7 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     objects = []
     for rule, sources in (("cxx", desc.host_sources), ("cuda", spec.cuda_sources)):
         for src in sources:
-            obj = build_dir / "obj" / (src.replace("/", "__") + ".o")
+            obj = object_path(build_dir, src)
             objects.append(obj)
             lines.append(f"build {_ninja_path(obj)}: {rule} {_ninja_path(tree / src)}")
     lines.append(f"build {_ninja_path(artifact)}: link {' '.join(_ninja_path(o) for o in objects)}")
@@ -216,6 +216,23 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     ninja_file = build_dir / "build.ninja"
     ninja_file.write_text("\n".join(lines) + "\n")
     return ninja_file
+
+
+def object_path(build_dir: Path, src: str) -> Path:
+    return build_dir / "obj" / (src.replace("/", "__") + ".o")
+
+
+def ptxas_kernels(build_dir: Path, cuda_sources: list[str]) -> list[dict]:
+    """ptxas's numbers for the entry functions of this build's CUDA objects (the logs the cuda rule
+    keeps beside them); logs of objects that a previous build description listed are ignored."""
+    entries = {}
+    for src in cuda_sources:
+        log = Path(f"{object_path(build_dir, src)}.log")
+        if not log.is_file():
+            raise BuildFailed(f"{log}: the ptxas -v output of {src} is missing (remove {build_dir} and "
+                              "build again)")
+        entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
+    return [asdict(e) for e in entries.values() if e.entry]
 
 
 def _ninja_path(p: Path) -> str:
@@ -251,11 +268,8 @@ def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
 
 def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_digest) -> dict:
     spec = desc.arch(arch)
-    ptxas_entries = {}
-    for log in sorted((build_dir / "obj").glob("*.o.log")):
-        ptxas_entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
     digest = tree_digest(tree)
-    kernels = [asdict(e) for e in ptxas_entries.values() if e.entry]
+    kernels = ptxas_kernels(build_dir, spec.cuda_sources)
     return {
         "fa2patch": __version__,
         "extension": desc.name,
