@@ -206,10 +206,10 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
 
 
 def test_build_info_kernels_are_the_built_kernels_with_their_tiles(built_sm70, real_workspace):
-    """build_info() lists exactly the attention kernels of kHeadDims that the SASS holds, each
-    with a tile that accounts for its hot loop's HMMA count: one warp-iteration computes
-    (rows per warp) x keys x head_dim FMAs for Q K^T and as many for P V, and one HMMA.884 step
-    is 256 of a warp's FMAs (an mma.m8n8k4 is four quad-pairs x 8x8x4, in four steps)."""
+    """build_info() lists every SM70 kernel of the SASS; its sm70-dense kernels are exactly those of
+    kHeadDims, each with a tile that accounts for its hot loop's HMMA count: one warp-iteration
+    computes (rows per warp) x keys x head_dim FMAs for Q K^T and as many for P V, and one HMMA.884
+    step is 256 of a warp's FMAs (an mma.m8n8k4 is four quad-pairs x 8x8x4, in four steps)."""
     import re
 
     from fa2patch import sass, toolchain
@@ -221,17 +221,24 @@ def test_build_info_kernels_are_the_built_kernels_with_their_tiles(built_sm70, r
                                                            artifact)) if f.arch == "sm_70"]
     pretty = sass.demangle([f.name for f in functions])
     by_kernel = {pretty[f.name]: f for f in functions}
-    sass_dims = sorted(int(m.group(1)) for name in by_kernel if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))
-    attention = [k for k in info["kernels"] if k["route"] is not None]
-    assert sorted(k["head_dim"] for k in attention) == sass_dims == cpp_head_dims(real_workspace)
+    listed = {}
     for k in info["kernels"]:
-        matches = [f for name, f in by_kernel.items() if k["kernel"] in name]
+        matches = [name for name in by_kernel if k["kernel"] in name]
         assert len(matches) == 1, (k["kernel"], list(by_kernel))
+        listed[matches[0]] = k
         if k["route"] is None:
             assert k["head_dim"] is k["rows_per_cta"] is k["keys_per_iteration"] is k["warps"] is None
+        else:
+            assert k["route"] in info["routes"] and k["threads"] == 32 * k["warps"]
+    assert sorted(listed) == sorted(by_kernel)
+
+    dense = [k for k in info["kernels"] if k["route"] == "sm70-dense"]
+    sass_dims = sorted(int(m.group(1)) for name in by_kernel if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))
+    assert sorted(k["head_dim"] for k in dense) == sass_dims == cpp_head_dims(real_workspace)
+    for name, k in listed.items():
+        if k["route"] != "sm70-dense":
             continue
-        assert k["route"] in info["routes"] and k["kernel"] == f"flash_fwd_sm70_kernel<{k['head_dim']}>"
-        assert k["threads"] == 32 * k["warps"] and k["rows_per_cta"] % k["warps"] == 0
-        loop_hmma = max(sum(op.startswith("HMMA") for op in lp.opcodes) for lp in matches[0].hot_loops())
+        assert k["kernel"] == f"flash_fwd_sm70_kernel<{k['head_dim']}>" and k["rows_per_cta"] % k["warps"] == 0
+        loop_hmma = max(sum(op.startswith("HMMA") for op in lp.opcodes) for lp in by_kernel[name].hot_loops())
         fmas = 2 * (k["rows_per_cta"] // k["warps"]) * k["keys_per_iteration"] * k["head_dim"]
         assert loop_hmma * 256 == fmas, k
