@@ -42,7 +42,9 @@ def test_export_writes_numbered_patches_and_lock(series):
     assert [p["file"] for p in lock["patches"]] == names
     assert lock["baseline"]["project"] == "mini" and "# test lock" in (series.root / "baseline.lock").read_text()
     text = (series.root / "patches" / names[0]).read_text()
-    assert text.startswith("From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\ndiff --git")
+    assert text.startswith("From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\n"
+                           " src/kernel.cu | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)\n\n"
+                           "diff --git a/src/kernel.cu b/src/kernel.cu\n")
     assert "Date" not in text and "2.39" not in text  # no dates, no git version signature
 
 
@@ -137,3 +139,42 @@ def test_missing_patch_fails_replay_and_check(series):
     proc = series.run("replay", "--force", check_rc=1)
     assert "0002-second-add-a-file.patch: listed in baseline.lock but missing" in proc.stderr
     assert "listed in the lock but missing" in series.run("check", check_rc=1).stdout
+
+
+def test_export_refuses_an_empty_commit_naming_it(series):
+    before = {p.name: p.read_bytes() for p in (series.root / "patches").iterdir()}
+    series.git("commit", "-q", "--allow-empty", "-m", "Nothing at all")
+    empty = series.git("rev-parse", "HEAD").strip()
+    proc = series.run("export", check_rc=1)
+    assert empty[:12] in proc.stderr and "'Nothing at all'" in proc.stderr and "changes no file" in proc.stderr
+    assert {p.name: p.read_bytes() for p in (series.root / "patches").iterdir()} == before
+    check = series.run("check", check_rc=1)
+    assert empty[:12] in check.stdout
+
+
+def test_hand_edited_diffstat_fails_replay(series):
+    import hashlib
+    patch = series.root / "patches" / "0001-first-change.patch"
+    text = patch.read_text().replace(" src/kernel.cu | 2 +-\n", " src/kernel.cu | 3 ++-\n")
+    patch.write_text(text)
+    lock = series.root / "baseline.lock"
+    old = tomllib.loads(lock.read_text())["patches"][0]["sha256"]
+    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    proc = series.run("replay", "--force", check_rc=1)
+    assert str(patch) in proc.stderr and "diffstat" in proc.stderr
+    assert "src/kernel.cu | 2 +-" in proc.stderr and "src/kernel.cu | 3 ++-" in proc.stderr
+
+
+def test_patch_without_diffstat_replays_and_check_asks_for_an_export(series):
+    """Patches exported before diffstats existed still replay; check says the export differs."""
+    import hashlib
+    patch = series.root / "patches" / "0002-second-add-a-file.patch"
+    head, _, diff = patch.read_text().partition("---\n")
+    text = head + "---\n" + diff[diff.index("diff --git"):]
+    patch.write_text(text)
+    lock = series.root / "baseline.lock"
+    old = tomllib.loads(lock.read_text())["patches"][1]["sha256"]
+    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    series.run("replay", "--force")
+    check = series.run("check", check_rc=1)
+    assert "0002-second-add-a-file.patch: differs from what the workspace exports" in check.stdout

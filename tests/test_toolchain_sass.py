@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from helpers import require_toolchain
+from helpers import locked_toolchain, require_toolchain
 from fa2patch import sass, toolchain
 from fa2patch.build import clang_cuda_flags
 from fa2patch.verify import check_kernels
@@ -34,14 +34,15 @@ TINY = textwrap.dedent(f"""
 def clang_cuda(tmp_path_factory):
     require_toolchain()
     d = tmp_path_factory.mktemp("cuda")
-    return toolchain.find_clang(), toolchain.assemble_cuda_path(d / "cuda-12.8")
+    pins = locked_toolchain()
+    return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
 
 
 def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
     clang, cuda = clang_cuda
     src, obj = tmp_path / "k.cu", tmp_path / "k.o"
     src.write_text(source)
-    flags = clang_cuda_flags("sm_70", cuda)
+    flags = clang_cuda_flags("sm_70", cuda, locked_toolchain().cuda)
     if not macros:
         flags = [f for f in flags if "__CUDACC_VER" not in f]
     proc = subprocess.run([str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
@@ -77,7 +78,7 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     obj, log = compile_cu(clang_cuda, TINY, tmp_path)
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\nmax_registers = 255\n[[kernel]]\npattern = 'three_mma*'\nmax_registers = 8\n")
-    launches = {"three_mma": (32, 0), "no_mma": (32, 0)}
+    launches = {"three_mma*": (32, 0), "no_mma*": (32, 0)}
     rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["*_mma*"]), obj, budgets, launches)}
     assert not rows["three_mma"].ok and "registers expected <= 8" in rows["three_mma"].detail
     assert not rows["no_mma"].ok and "without HMMA" in rows["no_mma"].detail
@@ -86,7 +87,7 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     assert all(r.ok for r in rows), rows
     # Dynamic shared memory counts against the budget; a tensor-core kernel needs its launch.
     rows = {r.name.split("(")[0]: r for r in check_kernels(
-        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma": (32, 100 * 1024)})}
+        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma*": (32, 100 * 1024)})}
     assert not rows["three_mma"].ok and "actual 102400" in rows["three_mma"].detail
     rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, {})}
     assert "no launch configuration" in rows["three_mma"].detail
@@ -115,7 +116,7 @@ CUTE_MMA = textwrap.dedent("""
 
 
 def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path, real_workspace):
-    """DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
+    """docs/DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
     inc = f"-I{real_workspace / 'csrc' / 'cutlass' / 'include'}"
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     good, good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
@@ -127,7 +128,7 @@ def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path
     assert f.hmma == 0 and f.traps > 0
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\n")
-    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets, {"cute_mma": (32, 0)})
+    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets, {"cute_mma*": (32, 0)})
     assert not row.ok and "without HMMA" in row.detail and "trap" in row.detail
 
 
