@@ -202,3 +202,27 @@ def test_report_on_the_tiny_kernel_counts_its_hmma(clang_cuda, tmp_path):
     assert loop["mix"]["hmma"] == 8 and loop["cycles"]["tensor"] == 8 * 8 * 2
     assert k["warps_per_subpartition"] == 8
     assert rows["no_mma"]["hot_loops"] == []
+
+
+def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
+    name = "void fa2patch::sm70::flash_fwd_sm70_kernel<256>(flash::Flash_fwd_params)"
+    assert sass.kernel_matches(name, "*flash_fwd_sm70_kernel<256>*")
+    assert not sass.kernel_matches(name, "*flash_fwd_sm70_kernel<25>*")
+    assert not sass.kernel_matches(name, "flash_fwd_sm70_kernel*")      # a glob covers the whole name
+    assert not sass.kernel_matches(name, "*FLASH_FWD*")                 # case-sensitive
+    assert not sass.kernel_matches("_Z21flash_fwd_sm70_kernelILi256EEv", "*flash_fwd_sm70_kernel<256>*")
+    table = {"*kernel<128>*": "a", "*kernel*": "b"}
+    assert sass.first_match(name, table) == "b" and sass.first_match(name.replace("256", "128"), table) == "a"
+    assert sass.first_match("other", table, "default") == "default"
+    glob = sass.name_part_glob("k[1]*?")  # build_info()'s name parts are literal text
+    assert sass.kernel_matches("void k[1]*?(int)", glob) and not sass.kernel_matches("void k1x(int)", glob)
+
+
+def test_verify_takes_launches_from_build_info_by_name_part():
+    from fa2patch.verify import launches_of
+
+    info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
+    launches = launches_of(info)
+    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<32>(flash::Flash_fwd_params)",
+                            launches) == (128, 15360)
+    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<320>(Params)", launches) is None

@@ -116,7 +116,8 @@ def verify_archive(path: Path, lock: Lock, source: str | None = None, hint: str 
     b, source = lock.baseline, source or str(path)
     actual = sha256_file(path)
     if actual != b.sha256:
-        raise CheckFailed(mismatch("sha256", source, b.sha256, actual) + hint)
+        raise CheckFailed(mismatch("sha256", source, b.sha256, actual)
+                          + f"\n  (expected: {lock.path} [baseline] sha256){hint}")
     size = path.stat().st_size
     if size != b.size:  # the right archive: the lock's size field is what is wrong
         raise CheckFailed(mismatch(f"[baseline] size of {source}", str(lock.path), size, b.size))

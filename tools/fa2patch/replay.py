@@ -113,7 +113,8 @@ def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
     _check_baseline_fields(lock, archive, tmp, files)
     digest = tree_digest(tmp)
     if digest != b.tree_digest:
-        raise CheckFailed(mismatch("extracted tree digest", str(archive), b.tree_digest, digest))
+        raise CheckFailed(mismatch("extracted tree digest", str(archive), b.tree_digest, digest)
+                          + f"\n  (expected: {lock.path} [baseline] tree_digest)")
     repo = gitws.init_repo(tmp)
     gitws.commit_all(repo, f"{b.project} {b.version} (pristine)\n\n{gitws.PRISTINE_TRAILER}\n",
                      lock.identity)
