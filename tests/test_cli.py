@@ -135,3 +135,22 @@ def test_smoke_exits_3_when_nothing_can_be_launched(mini):
         pytest.skip("a GPU is present: tests/gpu covers smoke there")
     proc = mini.run("smoke", check_rc=3)
     assert "nothing launched" in proc.stderr and "torch.cuda.is_available() is False" in proc.stderr
+
+
+def test_an_extension_that_does_not_load_fails_report_and_verify(mini):
+    """report needs build_info() for the launch configurations: it fails like bench does, instead
+    of printing a report without occupancy; verify fails its load row."""
+    import hashlib
+
+    build = mini.root / "build" / "sm_70"
+    build.mkdir(parents=True)
+    artifact = build / "_vllm_fa2_C.abi3.so"
+    artifact.write_bytes(b"not a shared library")
+    (build / "manifest.json").write_text(json.dumps({
+        "arch": "sm_70", "lab": False, "tensor_core_kernels": [], "ptxas_kernels": [],
+        "artifact": {"file": artifact.name, "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest()}}))
+    proc = mini.run("report", "--arch", "sm_70", check_rc=2)
+    assert f"{artifact}: cannot load it" in proc.stderr
+    proc = mini.run("verify", "--arch", "sm_70", "--json", check_rc=1)
+    rows = {r["name"]: r for r in json.loads(proc.stdout)["rows"]}
+    assert not rows["load"]["ok"] and "torch could not load it" in rows["load"]["detail"]

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from helpers import require_toolchain
 
 NO_NVCC = {"FA2PATCH_NVCC": "/nonexistent/nvcc"}  # so that the clang route is the required one
@@ -54,16 +56,15 @@ def test_a_changed_clang_pin_fails_doctor(mini):
     assert items(doc)["clang++-23"]["install"] == "apt-get install -y clang-23"
 
 
-def test_a_changed_wheel_pin_fails_doctor_naming_both_versions(mini):
+@pytest.mark.parametrize("old, new, name, detail", [
+    ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.0.89", "nvidia-cuda-nvcc", "13.0.88 installed, pinned 13.0.89"),
+    ('torch = "2.9.1"', 'torch = "2.9.0"', "torch", "pinned 2.9.0"),
+])
+def test_a_changed_package_pin_fails_doctor_naming_both_versions(mini, old, new, name, detail):
     require_toolchain()
-    _pin(mini, "nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.0.89")
+    _pin(mini, old, new)
     rc, doc = doctor(mini)
-    assert rc == 2 and "nvidia-cuda-nvcc" in doc["missing"]
-    assert items(doc)["nvidia-cuda-nvcc"]["detail"] == "13.0.88 installed, pinned 13.0.89"
-    _pin(mini, "nvidia-cuda-nvcc==13.0.89", "nvidia-cuda-nvcc==13.0.88")
-    _pin(mini, 'torch = "2.9.1"', 'torch = "2.9.0"')
-    rc, doc = doctor(mini)
-    assert rc == 2 and doc["missing"] == ["torch"] and "pinned 2.9.0" in items(doc)["torch"]["detail"]
+    assert rc == 2 and doc["missing"] == [name] and detail in items(doc)[name]["detail"]
 
 
 def test_build_refuses_a_clang_other_than_the_pinned_one(real_workspace, real_project, tmp_path):

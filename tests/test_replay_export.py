@@ -1,6 +1,8 @@
 """replay/export/check on a small baseline: determinism, round trip, tampering, atomicity."""
 
+import hashlib
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,18 @@ def series(mini):
 
 def _commits(mini, ws=None):
     return mini.git("log", "--format=%H", cwd=ws).split()
+
+
+def _rewrite_patch(mini, index: int, edit) -> Path:
+    """Rewrite patch ``index`` (0-based) with ``edit(text)`` and re-lock its sha256, as a hand
+    edit that also updated the lock would."""
+    entry = tomllib.loads((mini.root / "baseline.lock").read_text())["patches"][index]
+    patch = mini.root / "patches" / entry["file"]
+    text = edit(patch.read_text())
+    patch.write_text(text)
+    lock = mini.root / "baseline.lock"
+    lock.write_text(lock.read_text().replace(entry["sha256"], hashlib.sha256(text.encode()).hexdigest()))
+    return patch
 
 
 def test_replay_from_empty_cache_then_idempotent(mini):
@@ -113,14 +127,8 @@ def test_diverging_workspace_is_refused(series):
 
 
 def test_patch_that_does_not_apply_leaves_nothing_behind(series):
-    # Make 0002 conflict with the pristine tree: rewrite its context by hand, re-lock its hash.
-    import hashlib
-    patch = series.root / "patches" / "0001-first-change.patch"
-    text = patch.read_text().replace(" int b = 2;", " int b = 20;")
-    patch.write_text(text)
-    lock = series.root / "baseline.lock"
-    old = tomllib.loads(lock.read_text())["patches"][0]["sha256"]
-    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    # Make 0001 conflict with the pristine tree: rewrite its context by hand, re-lock its hash.
+    _rewrite_patch(series, 0, lambda text: text.replace(" int b = 2;", " int b = 20;"))
     target = series.root / "fresh"
     proc = series.run("replay", "--workspace", str(target), check_rc=1)
     assert "does not apply cleanly" in proc.stderr and "0001-first-change.patch" in proc.stderr
@@ -153,13 +161,8 @@ def test_export_refuses_an_empty_commit_naming_it(series):
 
 
 def test_hand_edited_diffstat_fails_replay(series):
-    import hashlib
-    patch = series.root / "patches" / "0001-first-change.patch"
-    text = patch.read_text().replace(" src/kernel.cu | 2 +-\n", " src/kernel.cu | 3 ++-\n")
-    patch.write_text(text)
-    lock = series.root / "baseline.lock"
-    old = tomllib.loads(lock.read_text())["patches"][0]["sha256"]
-    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    patch = _rewrite_patch(series, 0, lambda text: text.replace(" src/kernel.cu | 2 +-\n",
+                                                                " src/kernel.cu | 3 ++-\n"))
     proc = series.run("replay", "--force", check_rc=1)
     assert str(patch) in proc.stderr and "diffstat" in proc.stderr
     assert "src/kernel.cu | 2 +-" in proc.stderr and "src/kernel.cu | 3 ++-" in proc.stderr
@@ -167,14 +170,11 @@ def test_hand_edited_diffstat_fails_replay(series):
 
 def test_patch_without_diffstat_replays_and_check_asks_for_an_export(series):
     """Patches exported before diffstats existed still replay; check says the export differs."""
-    import hashlib
-    patch = series.root / "patches" / "0002-second-add-a-file.patch"
-    head, _, diff = patch.read_text().partition("---\n")
-    text = head + "---\n" + diff[diff.index("diff --git"):]
-    patch.write_text(text)
-    lock = series.root / "baseline.lock"
-    old = tomllib.loads(lock.read_text())["patches"][1]["sha256"]
-    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    def drop_diffstat(text):
+        head, _, diff = text.partition("---\n")
+        return head + "---\n" + diff[diff.index("diff --git"):]
+
+    _rewrite_patch(series, 1, drop_diffstat)
     series.run("replay", "--force")
     check = series.run("check", check_rc=1)
     assert "0002-second-add-a-file.patch: differs from what the workspace exports" in check.stdout
