@@ -141,7 +141,10 @@ def test_an_extension_that_does_not_load_fails_report_and_verify(mini):
     """report needs build_info() for the launch configurations: it fails like bench does, instead
     of printing a report without occupancy; verify fails its load row."""
     import hashlib
+    import shutil
 
+    shutil.copytree(REPO / "schemas", mini.root / "schemas")
+    shutil.copy(REPO / "budgets.toml", mini.root / "budgets.toml")
     build = mini.root / "build" / "sm_70"
     build.mkdir(parents=True)
     artifact = build / "_vllm_fa2_C.abi3.so"

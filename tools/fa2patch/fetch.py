@@ -3,7 +3,7 @@
 The index is found the way pip finds it (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``, pip's
 configuration files, then pip's own default), and the archive is looked up with the standard
 simple repository API (PEP 691 JSON, or the PEP 503 HTML page). Nothing is used before its
-sha256 matches baseline.lock; verified archives are cached in the user's cache folder.
+sha256 and size match baseline.lock; verified archives are cached in the user's cache folder.
 """
 
 import json

@@ -200,12 +200,13 @@ def check_linkage(artifact: Path) -> list[Row]:
     tables, and C++ stream formatting across the torch boundary then crashes (seen on the lab
     machine, whose $CXX links libstdc++ statically: every error message with a number segfaulted)."""
     try:
-        out = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise EnvironmentProblem(f"readelf: cannot read {artifact}: {exc}\n  install: "
-                                 "apt-get install -y binutils") from exc
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+        proc = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"readelf: cannot run it: {exc}\n  install: apt-get install -y binutils") from exc
+    if proc.returncode != 0:
+        return [Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: "
+                                                f"{proc.stderr.strip()}")]
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", proc.stdout)
     ok = any(n.startswith("libstdc++.so") for n in needed)
     return [Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
                 mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
