@@ -234,7 +234,8 @@ kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, 
 kv_case("determinism-paged-append-s4", cache=[1000, 4097, 17], seqlen_new=1, page_size=16, num_splits=4,
         rotary_dim=64, repeats=10)
 
-# The reference workload's endpoints (docs/DESIGN.md §4, patch 0003): Q=8000 new tokens.
+# The endpoints of the reference long-prefill workload (docs/DESIGN.md §4, the target of patch
+# 0003), through the routes this build has: Q=8000 new tokens.
 for kv in (40000, 128000):
     for page in (None, 16):
         case("workload", f"q8000-kv{kv}-{'paged16' if page else 'contig'}", slow=True,
