@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import IDENTITY, MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest
+from helpers import IDENTITY, MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest, require_toolchain
 
 
 @pytest.fixture
@@ -61,3 +61,11 @@ def real_project(tmp_path_factory) -> MiniProject:
 def real_workspace(real_project) -> Path:
     real_project.run("replay")
     return real_project.workspace
+
+
+@pytest.fixture(scope="session")
+def built_sm70(real_project, real_workspace) -> Path:
+    """The real series built for sm_70 (once per session): its build folder."""
+    require_toolchain()
+    real_project.run("build", "--arch", "sm_70")
+    return real_project.root / "build" / "sm_70"
