@@ -382,7 +382,7 @@ def render(result: dict) -> str:
               f"{lo:+.1%} .. {hi:+.1%}; tolerance +-{cal['tolerance']:.0%})."]
     lines.append(_table([[p["label"], p["kernel"], p["plan"]["splits"], f"{p['bound_ms']:.3f}",
                           _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['calibrated_ms']:.3f}",
-                          _num(p["calibrated_tflops"]), "+".join(x["limited_by"] for x in p["launches"])]
+                          _num(p["calibrated_tflops"]), _limits(p["launches"])]
                          for p in result["predictions"]],
                         ["shape", "kernel", "splits", "bound ms", "TFLOP/s <=", "model ms", "calibrated ms",
                          "calibrated TFLOP/s", "limited by"]))
@@ -394,6 +394,12 @@ def render(result: dict) -> str:
     if not cal["within_tolerance"]:
         lines.append(f"WARNING: one factor does not explain every anchor within +-{cal['tolerance']:.0%}")
     return "\n".join(lines)
+
+
+def _limits(launches: list[dict]) -> str:
+    """What limits each launch: "compute" for the first, "<kernel> hbm" for the others."""
+    return ", ".join(x["limited_by"] if i == 0 else f"{x['name'].split('(')[0].split('::')[-1]} {x['limited_by']}"
+                     for i, x in enumerate(launches))
 
 
 def _num(x) -> str:
