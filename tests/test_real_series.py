@@ -7,8 +7,6 @@ import sys
 from pathlib import Path
 import tomllib
 
-import pytest
-
 from helpers import REPO
 
 

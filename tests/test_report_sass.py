@@ -4,8 +4,6 @@ import json
 import re
 import textwrap
 
-import pytest
-
 from fa2patch import sass, toolchain
 from fa2patch.report import kernel_rows, occupancy
 from fa2patch.v100model import load_v100

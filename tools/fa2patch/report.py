@@ -5,11 +5,10 @@ counts are `verify`'s), static and dynamic shared memory, and occupancy from the
 configuration that the extension's ``build_info()`` declares (or ``--launch``). Per hot loop (an
 outermost loop with HMMA): the mix of one warp-iteration and its cycles per sub-partition at
 that occupancy (v100model: tensor pipe by HMMA step form, issue slots, shared-memory bank
-passes, FP32, MUFU), the binding resource and the implied tensor-utilization and TFLOP/s
-ceilings. Counts are static (each instruction once) unless the build declares the kernel's
-geometry: then inner loops count times their trip counts, derived from the geometry (the K/V
-tile each iteration copies, see ``dynamic_loop``), and global-load rounds that wait for their
-data within the iteration are found from the SASS (``load_use_gaps``).
+passes, FP32, MUFU), the binding resource, the implied tensor-utilization and TFLOP/s ceilings,
+and the rounds of global loads the iteration waits for (``load_use_gaps``). Each instruction
+counts once, except that when the build declares the kernel's geometry, the K/V copy loop
+counts times its trip count (``dynamic_loop``).
 
 ``predict`` (``report --shapes``): per problem shape, the sm70-dense route's launches on a card
 (``Card``: 80 or 72 SMs, a clock): the forward kernel for the head dim with its grid from
@@ -20,12 +19,13 @@ the calibrated estimate = model x factor, the factor recomputed from the anchors
 (v100model.calibrate).
 
 Estimating another route: a route's time is the sum of its kernel launches. Build one
-``v100model.KernelLaunch`` per launch -- its hot-loop mix (``LoopMix(**loop["model_mix"])`` of
-a hot loop in ``kernel_rows``, or a ``LoopMix`` written by hand), the hot-loop iterations of each CTA in launch order
-(``v100model.gemm_launch`` for a tiled GEMM, ``v100model.fa2_grid_iterations`` for an FA2-style
-grid), warps per CTA, CTAs per SM (a report row's occupancy), an epilogue mix per warp and CTA,
-prologue load rounds and the launch's HBM bytes -- then ``route_estimate(launches, card)`` gives
-the bound, the model and the calibrated time with the launches' details.
+``v100model.KernelLaunch`` per launch: its hot-loop mix (``LoopMix(**loop["model_mix"])`` of a
+hot loop in ``kernel_rows``, or a ``LoopMix`` written by hand), the hot-loop iterations of each
+CTA in launch order (``v100model.gemm_launch`` for a tiled GEMM, ``fa2_grid_iterations`` for an
+FA2-style grid), warps per CTA, CTAs per SM (a row's occupancy), an epilogue mix per warp and
+CTA, prologue load rounds and the launch's HBM bytes. Then ``route_estimate(launches, card, v100,
+calibrate(v100))`` gives the bound, the model and the calibrated time with each launch's
+details. docs/report-model.md describes the model.
 """
 
 import fnmatch
@@ -95,9 +95,9 @@ def mix_of(instrs: list[sass.Instr]) -> tuple[dict, LoopMix]:
 
 
 def copy_trips(needed: int, outside: int, per_trip: int) -> tuple[int, bool]:
-    """(trip count of the copy loop, whether the copies outside it run) such that they load
-    ``needed`` vectors: the compiler peels a remainder (``outside`` loads, run when the trip
-    count is odd) in front of an unrolled loop (``per_trip`` loads a trip)."""
+    """(trip count of the copy loop, whether the copies outside it run) such that together they
+    load ``needed`` vectors: the compiler peels a remainder (``outside`` loads) in front of an
+    unrolled loop (``per_trip`` loads a trip) and runs it only when the trips do not divide."""
     if outside and needed > outside and (needed - outside) % per_trip == 0:
         return (needed - outside) // per_trip, True
     if needed % per_trip == 0:
