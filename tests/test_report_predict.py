@@ -187,3 +187,23 @@ def test_bad_report_options_are_usage_errors_naming_them(args, message):
                           cwd=REPO)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_report_raises_when_build_info_does_not_load(monkeypatch):
+    """Like bench (and verify, which fails a row), report does not drop occupancy silently."""
+    from fa2patch import report as report_module
+
+    monkeypatch.setattr(report_module, "load_build_info", lambda artifact: {"error": "undefined symbol: x"})
+    with pytest.raises(EnvironmentProblem, match=r"/nowhere/_vllm_fa2_C.abi3.so: cannot load it for "
+                                                 r"build_info\(\): undefined symbol: x"):
+        report_module.report(ARTIFACT, "sm_70", {}, [], Card())
+
+
+def test_every_v100_parameter_is_read_by_the_model():
+    import tomllib
+    from importlib import resources
+
+    source = "".join(resources.files("fa2patch").joinpath(f).read_text() for f in ("report.py", "v100model.py"))
+    names = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())
+    unused = [n for n in names if f'"{n}"' not in source]
+    assert not unused, f"tools/fa2patch/data/v100.toml: entries no code reads: {unused}"

@@ -4,7 +4,10 @@ import json
 import re
 import textwrap
 
+import pytest
+
 from fa2patch import sass, toolchain
+from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import kernel_rows, occupancy
 from fa2patch.v100model import load_v100
 from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
@@ -57,6 +60,11 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
     assert (f16["model_mix"]["hmma_f32_steps"], f16["model_mix"]["hmma_f16_steps"]) == (0, 4)
     assert f32["cycles"]["tensor"] == f16["cycles"]["tensor"] == 8 * 16
     assert rows["no_mma"]["hot_loops"] == []
+    # A tensor-core kernel without a launch configuration is an error naming it, not a row
+    # without occupancy.
+    with pytest.raises(EnvironmentProblem, match=r"no launch configuration .* for the tensor-core kernel\(s\) "
+                                                 r"f32_loop\(unsigned int const\*, float\*\)"):
+        kernel_rows(obj, "sm_70", {"*f16_loop*": (32, 0)})
 
 
 # --- The real sm_70 build -------------------------------------------------------------------------
