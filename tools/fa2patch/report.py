@@ -256,9 +256,11 @@ def fa2_num_splits(batch_heads_mblocks: int, sms: int, n_blocks: int, max_splits
 
 
 def dense_plan(shape: Shape, geometry: dict, card: Card) -> dict:
-    """How FA2's varlen host code runs ``shape`` on the sm70-dense kernel: decode with grouped
-    heads (q=1, hq > hkv) swaps the heads of a group into the query rows (seqlen_q = hq/hkv,
-    h = hkv) and is the only case that splits KV; q=1 drops the causal mask."""
+    """How FA2's varlen host code runs ``shape`` on the sm70-dense kernel, num_splits = 0
+    (automatic): decode with grouped heads (q=1, hq > hkv) swaps the heads of a group into the
+    query rows (seqlen_q = hq/hkv, h = hkv) and is the only case that splits KV; q=1 drops the
+    causal mask. FA2 sizes the split from its own SM80 split kernel's blocks (64 rows, block_n
+    by head dim), not from this route's geometry."""
     swapped = shape.q == 1 and shape.hq > shape.hkv
     rows, heads = (shape.hq // shape.hkv, shape.hkv) if swapped else (shape.q, shape.hq)
     causal = shape.causal and shape.q > 1
