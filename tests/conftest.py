@@ -1,10 +1,11 @@
 import hashlib
+import json
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from helpers import MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest
+from helpers import MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest, require_toolchain
 
 
 def toolchain_table() -> str:
@@ -66,3 +67,14 @@ def real_project(tmp_path_factory) -> MiniProject:
 def real_workspace(real_project) -> Path:
     real_project.run("replay")
     return real_project.workspace
+
+
+@pytest.fixture(scope="session")
+def built_sm70(real_project, real_workspace) -> Path:
+    """The real series built for sm_70 (once per session): its build folder. With --json the
+    build's stdout is one JSON object (ninja and the compiler write to stderr)."""
+    require_toolchain()
+    proc = real_project.run("build", "--arch", "sm_70", "--json")
+    result = json.loads(proc.stdout)
+    assert result["ok"] and result["manifest"]["arch"] == "sm_70"
+    return real_project.root / "build" / "sm_70"

@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 import tomllib
 
-import pytest
-
-from helpers import REPO, require_toolchain
+from helpers import REPO
 
 
 def test_replay_is_deterministic_and_matches_the_lock(real_project, real_workspace, tmp_path):
@@ -31,17 +29,6 @@ def test_replay_then_export_is_a_byte_identical_round_trip(real_project, real_wo
     assert {p.name: p.read_bytes() for p in (real_project.root / "patches").iterdir()} == before
     assert (real_project.root / "baseline.lock").read_bytes() == lock_before
     assert before == {p.name: p.read_bytes() for p in (REPO / "patches").iterdir()}
-
-
-@pytest.fixture(scope="module")
-def built_sm70(real_project, real_workspace):
-    """The sm_70 build; with --json its stdout is one JSON object (ninja and the compiler write to
-    stderr)."""
-    require_toolchain()
-    proc = real_project.run("build", "--arch", "sm_70", "--json")
-    result = json.loads(proc.stdout)
-    assert result["ok"] and result["manifest"]["arch"] == "sm_70"
-    return real_project.root / "build" / "sm_70"
 
 
 def test_sm70_build_writes_extension_and_manifest(built_sm70, real_project):

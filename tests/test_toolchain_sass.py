@@ -157,53 +157,6 @@ def test_synthetic_listing_parsers():
     assert [(r.name, r.registers, r.stack, r.shared, r.local) for r in res] == [("_Z1kv", 40, 8, 1024, 4)]
 
 
-def test_report_loop_model_on_a_synthetic_loop():
-    """One loop iteration: 8 HMMA steps, 2 LDS.128, 1 STS, 4 FFMA, 1 MUFU, 1 IADD3, 1 BRA back."""
-    from fa2patch.report import analyse_loop, load_v100, occupancy
-
-    ops = ["HMMA.884.F32.F32.STEP%d" % (i % 4) for i in range(8)] + [
-        "LDS.U.128", "LDS.U.128", "STS", "FFMA", "FFMA", "FFMA", "FFMA", "MUFU.EX2", "IADD3", "BRA"]
-    loop = sass.Loop(0x100, 0x100 + 16 * (len(ops) - 1),
-                     [sass.Instr(0x100 + 16 * i, op) for i, op in enumerate(ops)])
-    v100 = load_v100()
-    r = analyse_loop(loop, v100, warps_per_subpartition=2)
-    assert r.instructions == 18 and r.mix["hmma"] == 8 and r.mix["lds"] == 2 and r.mix["mufu"] == 1
-    assert r.shared_bytes == 32 * (16 + 16 + 4)
-    assert r.cycles == {"tensor": 2 * 8 * 2, "issue": 2 * 18, "shared_memory": 2 * 1152 * 4 / 128,
-                        "fp32": 2 * 4 * 2, "mufu": 2 * 1 * 8}
-    assert r.binding == "shared_memory" and r.tensor_utilization_bound == pytest.approx(32 / 72)
-    assert r.tflops_bound == pytest.approx(32 / 72 * 125.33, rel=1e-3)
-    # 255 registers x 128 threads: 2 blocks by registers; 72 KB of shared memory: 1 block.
-    occ = occupancy(255, 72 * 1024, 128, v100)
-    assert (occ["blocks_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (1, 4, "shared_memory")
-    assert occupancy(64, 0, 256, v100)["blocks_per_sm"] == 4  # 64 regs x 256 threads = 16K regs
-
-
-def test_report_on_the_tiny_kernel_counts_its_hmma(clang_cuda, tmp_path):
-    from fa2patch.report import report
-
-    looped = textwrap.dedent(f"""
-        __global__ void three_mma(const unsigned* in, float* out) {{
-          unsigned a[2] = {{in[threadIdx.x], in[threadIdx.x + 32]}};
-          unsigned b[2] = {{in[threadIdx.x + 64], in[threadIdx.x + 96]}};
-          float d[8] = {{0.f}};
-          for (int it = 0; it < in[0]; ++it) {{ {MMA} {MMA} }}
-          for (int i = 0; i < 8; ++i) out[threadIdx.x * 8 + i] = d[i];
-        }}
-        __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
-    """)
-    obj, _ = compile_cu(clang_cuda, looped, tmp_path)
-    rows = {r["kernel"].split("(")[0]: r for r in report(obj, "sm_70", {"three_mma*": (32, 0)})}
-    k = rows["three_mma"]
-    assert k["hmma_total"] == 8  # two mma.m8n8k4 in the loop body, 4 HMMA steps each
-    (loop,) = k["hot_loops"]
-    # 32-thread blocks: the 32-blocks-per-SM limit binds, 8 warps share each sub-partition.
-    assert k["occupancy"]["threads_per_block"] == 32 and k["occupancy"]["warps_per_sm"] == 32
-    assert loop["mix"]["hmma"] == 8 and loop["cycles"]["tensor"] == 8 * 8 * 2
-    assert k["warps_per_subpartition"] == 8
-    assert rows["no_mma"]["hot_loops"] == []
-
-
 def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
     name = "void fa2patch::sm70::flash_fwd_sm70_kernel<256>(flash::Flash_fwd_params)"
     assert sass.kernel_matches(name, "*flash_fwd_sm70_kernel<256>*")

@@ -7,6 +7,7 @@ envelope and the numerics contract (both in ``fa2patch.numerics``).
 On a GPU other than a V100 the timings of SM70 code do not represent V100 (docs/DESIGN.md §5).
 """
 
+import itertools
 import json
 import re
 import subprocess
@@ -30,39 +31,38 @@ class Shape:
     d: int
     causal: bool
     scale: float
+    b: int = 1      # sequences of this shape in the batch
 
     @property
     def label(self) -> str:
-        return f"Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} D={self.d}{' causal' if self.causal else ''}"
+        return (f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
+                f"D={self.d}{' causal' if self.causal else ''}")
 
 
 def parse_shapes(text: str) -> list[Shape]:
     """``key=value`` pairs joined by commas, ';' between groups; a value ``a:b:step`` sweeps
-    a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5)."""
+    a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5), b (batch:
+    sequences of that shape, default 1)."""
     shapes = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
         fields = {}
         for item in group.split(","):
             key, sep, value = item.strip().partition("=")
-            if not sep or key not in ("q", "kv", "hq", "hkv", "d", "causal", "scale"):
+            if not sep or key not in ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b"):
                 raise EnvironmentProblem(f"--shapes: expected key=value with key in q, kv, hq, hkv, d, "
-                                         f"causal, scale; got {item!r}")
+                                         f"causal, scale, b; got {item!r}")
             fields[key] = value
         missing = {"q", "kv", "hq", "hkv", "d"} - set(fields)
         if missing:
             raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
         sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
-        d = sweeps["d"][0]
         scale = float(fields["scale"]) if "scale" in fields else None
-        for q in sweeps["q"]:
-            for kv in sweeps["kv"]:
-                for hq in sweeps["hq"]:
-                    for hkv in sweeps["hkv"]:
-                        for d in sweeps["d"]:
-                            if hq % hkv:
-                                raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
-                            shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
-                                                scale if scale is not None else d ** -0.5))
+        for b, q, kv, hq, hkv, d in itertools.product(sweeps.get("b", [1]), sweeps["q"], sweeps["kv"], sweeps["hq"],
+                                                      sweeps["hkv"], sweeps["d"]):
+            if hq % hkv:
+                raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
+            shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
+                                scale if scale is not None else d ** -0.5, b))
     if not shapes:
         raise EnvironmentProblem("--shapes: no shape given")
     return shapes
@@ -87,7 +87,7 @@ def attended_pairs(q: int, kv: int, causal: bool) -> int:
 
 def useful_flops(shape: Shape) -> float:
     """2 FLOPs per multiply-add, two GEMMs (Q K^T and P V), attended pairs only."""
-    return 4.0 * shape.hq * shape.d * attended_pairs(shape.q, shape.kv, shape.causal)
+    return 4.0 * shape.b * shape.hq * shape.d * attended_pairs(shape.q, shape.kv, shape.causal)
 
 
 def judge(numbers: dict) -> dict:
@@ -117,6 +117,8 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
                                  f"{', '.join(known) or 'none'}")
+    if any(s.b != 1 for s in shapes):
+        raise EnvironmentProblem("--shapes: b (batch) is for `report` only; bench times one sequence per shape")
     idle, max_clock, driver = (_smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):

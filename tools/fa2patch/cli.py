@@ -251,17 +251,24 @@ def smoke(ctx, archs, as_json):
               help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
                    "[default: the extension's build_info()]")
 @click.option("--shapes", default=None, metavar="SPEC",
-              help="also bound the sm70-dense route's time and TFLOP/s on V100 for these shapes "
-                   "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1]; a:b:step sweeps; ';' "
-                   "separates groups) [default: no prediction]")
+              help="also estimate the sm70-dense route's time and TFLOP/s on V100 for these shapes "
+                   "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,b=batch]; a:b:step sweeps; "
+                   "';' separates groups) [default: no prediction]")
+@click.option("--sms", type=click.Choice(["80", "72"]), default="80", show_default=True,
+              help="the V100's SM count: 80 (V100-SXM2) or 72 (the GV100 of the published anchors)")
+@click.option("--clock", "clock_mhz", type=click.FloatRange(min=100, max=2000), default=1530.0, show_default=True,
+              help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
+                   "of it and the sustained clock under tensor load")
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, shapes, as_json):
+def report(ctx, arch, launches, shapes, sms, clock_mhz, as_json):
     """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
-    with --shapes, a predicted upper bound on TFLOP/s per shape (a bound, not a measurement)."""
+    with --shapes, per shape a bound, the model's time and a calibrated estimate (model x one
+    factor fitted to published V100 measurements, listed with their residuals)."""
     from .bench import parse_shapes
-    from .report import load_v100, predict
+    from .report import render
     from .report import report as do_report
+    from .v100model import Card
     from .verify import load_manifest
 
     shape_list = parse_shapes(shapes) if shapes is not None else []
@@ -273,44 +280,11 @@ def report(ctx, arch, launches, shapes, as_json):
             raise click.BadParameter(f"expected GLOB=THREADS[:DYN_SMEM], got {item!r}", param_hint="--launch")
         launch[glob] = (int(threads), int(dyn or 0))
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
-    if not launch:  # the extension says how it launches its kernels
-        from .smoke import require_build_info
-        from .verify import launches_of
-
-        launch = launches_of(require_build_info(artifact))
-    rows = do_report(artifact, arch, launch)
-    v100 = load_v100()
-    predictions = [predict(s, rows, v100, artifact) for s in shape_list]
+    result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz))
     if as_json:
-        click.echo(json.dumps({"ok": True, "arch": arch, "artifact": manifest["artifact"], "kernels": rows,
-                               **({"predictions": predictions} if shape_list else {})}, indent=1))
-        return
-    click.echo("Static bounds from the SASS (V100 parameters: tools/fa2patch/data/v100.toml); "
-               "not measurements. Counts are per warp and loop iteration as written (static).")
-    table = []
-    for k in rows:
-        occ = k["occupancy"]
-        occ_text = f"{occ['blocks_per_sm']} blk, {occ['warps_per_sm']} warps ({occ['limited_by']})" if occ else "-"
-        for lp in k["hot_loops"] or [None]:
-            table.append([k["kernel"][:60], k["registers"], occ_text,
-                          lp and lp["instructions"], lp and lp["mix"].get("hmma", 0),
-                          lp and lp["shared_bytes"], lp and lp["binding"],
-                          lp and f"{lp['tensor_utilization_bound']:.0%}", lp and f"{lp['tflops_bound']:.1f}"])
-    click.echo(_table([[("-" if c is None else c) for c in r] for r in table],
-                      ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem B", "binding",
-                       "tensor util <=", "TFLOP/s <="]))
-    if predictions:
-        click.echo(f"\nPredicted (bound, not a measurement): sm70-dense route on V100 at "
-                   f"{v100['boost_clock_mhz']} MHz, useful causal FLOPs. Time >= hot-loop cycles only "
-                   f"(no prologue/epilogue, latency or HBM), so ms is a lower bound and TFLOP/s an upper "
-                   f"bound. limit: all SMs busy (throughput) or whole CTAs per SM (cta_granularity).")
-        click.echo(_table([[p["label"], p["kernel"], p["warp_iterations"],
-                            f"{p['binding']} {p['cycles_per_warp_iteration']:g}/it", p["limited_by"],
-                            f"{p['cycles']:.4g}", f"{p['ms_lower_bound']:.3f}",
-                            "-" if p["tflops_upper_bound"] is None else f"{p['tflops_upper_bound']:.1f}"]
-                           for p in predictions],
-                          ["shape", "kernel", "warp-iter", "binding (cyc)", "limit", "cycles", "ms >=",
-                           "TFLOP/s <="]))
+        click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
+    else:
+        click.echo(render(result))
 
 
 @cli.command()

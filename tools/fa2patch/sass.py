@@ -1,7 +1,8 @@
 """Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings;
 and the one way kernel names are matched (``kernel_matches``).
 
-Used by `verify` (budgets, tensor-core checks, launch configurations) and `report`.
+Used by `verify` (budgets, tensor-core checks, launch configurations) and `report` (loop mixes,
+operands of loads).
 """
 
 import fnmatch
@@ -82,11 +83,28 @@ def parse_resource_usage(text: str) -> list[Resources]:
     return out
 
 
+_REGISTER = re.compile(r"\bR(\d+)\b")
+
+
 @dataclass
 class Instr:
     addr: int
     op: str                   # opcode with modifiers, without the predicate
     target: int | None = None  # branch target of a BRA
+    args: str = ""            # operands as written
+
+    @property
+    def registers(self) -> set[int]:
+        """Numbers of the general registers its operands name (RZ excluded)."""
+        return {int(r) for r in _REGISTER.findall(self.args)}
+
+    def loaded_registers(self) -> set[int]:
+        """Registers a load writes: its first operand and, for 64/128-bit loads, the next ones."""
+        first = _REGISTER.search(self.args.split(",")[0])
+        if first is None:
+            return set()
+        width = 4 if ".128" in self.op else 2 if ".64" in self.op else 1
+        return set(range(int(first.group(1)), int(first.group(1)) + width))
 
 
 @dataclass
@@ -124,6 +142,13 @@ class SassFunction:
         return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
                                             for o in hot)]
 
+    def inner_loops(self, outer: Loop) -> list[Loop]:
+        """The loops directly inside ``outer`` (not inside another loop inside it)."""
+        inside = [lp for lp in self.loops() if outer.start <= lp.start and lp.end <= outer.end
+                  and (lp.start, lp.end) != (outer.start, outer.end)]
+        return [lp for lp in inside if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
+                                               for o in inside)]
+
     @property
     def hmma(self) -> int:
         return sum(1 for op in self.opcodes if op.startswith("HMMA"))
@@ -159,7 +184,7 @@ def parse_sass(text: str) -> list[SassFunction]:
             target = None
             if op.split(".")[0] == "BRA" and (t := _TARGET.search(m.group(4))):
                 target = int(t.group(1), 16)
-            current.instrs.append(Instr(int(m.group(1), 16), op, target))
+            current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip()))
     return functions
 
 
