@@ -5,11 +5,11 @@ defines, include folders, which kernels must use tensor cores). This module turn
 ``build.ninja`` for the chosen compiler route, runs it, and writes ``manifest.json``.
 """
 
-import fnmatch
 import json
 import os
 import shlex
 import subprocess
+import sys
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field
@@ -18,10 +18,10 @@ from pathlib import Path
 from . import __version__, sass, toolchain
 from .digest import sha256_file, tree_digest
 from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError
+from .lockfile import Toolchain
 
 DESCRIPTION = "fa2patch-build.toml"
 ARTIFACT_SUFFIX = ".abi3.so"
-CUDA_VERSION = ("12", "8")  # the CUDA release the sm_70 build targets (DESIGN.md §5)
 
 
 class BuildFailed(Fa2PatchError):
@@ -104,20 +104,18 @@ def expand_sources(path: Path, where: str, entries: list[str], groups: dict[str,
     return files
 
 
-def tensor_core_kernel(name: str, demangled: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(demangled, p) for p in patterns)
-
-
 def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
-def clang_cuda_flags(arch: str, cuda_path: Path) -> list[str]:
-    """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder."""
+def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]:
+    """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder of
+    ``cuda_release`` ("12.8", baseline.lock's [toolchain] cuda)."""
+    major, minor = cuda_release.split(".")
     return ["-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={cuda_path}",
             # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist; without
-            # them every MMA silently compiles to a trap (DESIGN.md §5).
-            f"-D__CUDACC_VER_MAJOR__={CUDA_VERSION[0]}", f"-D__CUDACC_VER_MINOR__={CUDA_VERSION[1]}",
+            # them every MMA silently compiles to a trap (docs/DESIGN.md §5).
+            f"-D__CUDACC_VER_MAJOR__={major}", f"-D__CUDACC_VER_MINOR__={minor}",
             "-Xcuda-ptxas", "-v"]
 
 
@@ -134,14 +132,15 @@ class Plan:
     ptxas: Path | None
 
 
-def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str) -> Plan:
+def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
+         pins: Toolchain) -> Plan:
     spec = desc.arch(arch)
     torch = toolchain.torch_info()
     if not torch:
         raise EnvironmentProblem(f"torch: not importable by this Python\n  install: {toolchain.PIP_BUILD}")
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
-    comp = toolchain.choose_compiler(compiler_choice, arch, build_dir)
+    comp = toolchain.choose_compiler(compiler_choice, arch, build_dir, pins)
     defines = [f"-D{d}" for d in desc.defines + spec.defines] + [
         f"-DTORCH_EXTENSION_NAME={desc.name}", "-DNDEBUG",
         f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}",
@@ -162,7 +161,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         cuda_inc = comp.cuda_path / "include"
         cxx = [*launcher, str(comp.path)]
         cxx_flags = [*common, "-isystem", str(cuda_inc)]
-        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path)]
+        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path, pins.cuda)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
         ptxas = comp.cuda_path / "bin" / "ptxas"
@@ -239,8 +238,10 @@ def _ninja_path(p: Path) -> str:
     return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
+def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choice: str = "auto",
           jobs: int | None = None, expected_digest: str | None = None, echo=print) -> dict:
+    """Compile the extension; return the manifest. The compiler's and ninja's output go to
+    stderr (stdout stays free for the command's result)."""
     start = time.monotonic()
     tree = Path(tree).resolve()
     if not tree.is_dir():
@@ -250,12 +251,12 @@ def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
     build_dir.mkdir(parents=True, exist_ok=True)
     # A failed build must not leave the previous manifest describing a new, half-built tree.
     (build_dir / "manifest.json").unlink(missing_ok=True)
-    p = plan(desc, arch, tree, build_dir, compiler_choice)
+    p = plan(desc, arch, tree, build_dir, compiler_choice, pins)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} "
          f"({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
-    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "})
+    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
         raise BuildFailed(f"{ninja_file}: ninja failed with exit code {proc.returncode} "
                           "(the compiler's message is above)")

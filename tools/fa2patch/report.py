@@ -1,27 +1,47 @@
-"""report: a static V100 performance report of every SM70 kernel, read from the sm_70 cubin.
+"""report: a static V100 performance report of the SM70 kernels, read from the sm_70 cubin.
 
-Per kernel: registers, spills, stack, static shared memory, theoretical occupancy. Per hot loop
-(an outermost loop containing HMMA): the instruction mix of one iteration as it stands in the
-SASS (static: inner loops count once) and a lower bound on its cycles per sub-partition: the
-largest of the tensor pipe, the issue slots, shared-memory bandwidth, the FP32 and MUFU pipes,
-with W warps per sub-partition sharing the SM. From it, an upper bound on tensor-pipe
-utilization and on TFLOP/s at the boost clock. It is a bound, not a measurement.
+Per kernel: registers, stack and local-memory bytes (``cuobjdump --dump-resource-usage``; spill
+counts are `verify`'s), static and dynamic shared memory, and occupancy from the launch
+configuration that the extension's ``build_info()`` declares (or ``--launch``). Per hot loop (an
+outermost loop with HMMA): the mix of one warp-iteration and its cycles per sub-partition at
+that occupancy (v100model: tensor pipe by HMMA step form, issue slots, shared-memory bank
+passes, FP32, MUFU), the binding resource, the implied tensor-utilization and TFLOP/s ceilings,
+and the rounds of global loads the iteration waits for (``load_use_gaps``). Each instruction
+counts once, except that when the build declares the kernel's geometry, the K/V copy loop
+counts times its trip count (``dynamic_loop``).
 
-``predict``: for a problem shape, an upper bound on the sm70-dense route's TFLOP/s (useful causal
-FLOPs, attended pairs only) from the cycles of its kernel's hot loop. See ``predict`` for exactly
-what that model includes and leaves out.
+``predict`` (``report --shapes``): per problem shape, the sm70-dense route's launches on a card
+(``Card``: 80 or 72 SMs, a clock): the forward kernel for the head dim with its grid from
+build_info()'s geometry (``route``, ``head_dim``, ``rows_per_cta``, ``keys_per_iteration``,
+``warps``: never restated here), split-KV and the combine kernel for decode as FA2's host code
+decides them; per shape a lower bound (pipes only, at the card's clock), the model's time and
+the calibrated estimate = model x factor, the factor recomputed from the anchors on every run
+(v100model.calibrate).
+
+Estimating another route: a route's time is the sum of its kernel launches. Build one
+``v100model.KernelLaunch`` per launch: its hot-loop mix (``LoopMix(**loop["model_mix"])`` of a
+hot loop in ``kernel_rows``, or a ``LoopMix`` written by hand), the hot-loop iterations of each
+CTA in launch order (``v100model.gemm_launch`` for a tiled GEMM, ``fa2_grid_iterations`` for an
+FA2-style grid), warps per CTA, CTAs per SM (a row's occupancy), an epilogue mix per warp and
+CTA, prologue load rounds and the launch's HBM bytes. Then ``route_estimate(launches, card, v100,
+calibrate(v100))`` gives the bound, the model and the calibrated time with each launch's
+details. docs/report-model.md describes the model.
 """
 
-import tomllib
+import math
 from collections import Counter
-from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from . import sass, toolchain
 from .bench import Shape, useful_flops
 from .errors import EnvironmentProblem
+from .smoke import load_build_info
+from .verify import launches_of
+from .v100model import (Card, KernelLaunch, LoopMix, access_passes, binding, calibrate, estimate_launch,
+                        fa2_grid_iterations, load_v100, lower_bound, peak_tflops)
 
+ROUTE = "sm70-dense"
+GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
 CATEGORIES = {
     "HMMA": "hmma", "LDS": "lds", "STS": "sts", "LDG": "ldg", "STG": "stg", "MUFU": "mufu",
     "FADD": "fp32", "FMUL": "fp32", "FFMA": "fp32", "FMNMX": "fp32", "FSETP": "fp32", "FSEL": "fp32",
@@ -30,58 +50,111 @@ CATEGORIES = {
     "JMP": "branch", "CALL": "branch", "RET": "branch", "BREAK": "branch",
     "BAR": "barrier", "WARPSYNC": "barrier", "SHFL": "shuffle",
 }
-# The sm70-dense route (work/flash-attn/csrc/flash_attn/fa2patch/sm70/: sm70_api.cpp dispatches a head
-# dim d to the kernel for the smallest of these >= d; kernel_traits.h gives the tiles): query rows
-# per CTA, keys per main-loop iteration, warps per CTA (one per 16 rows).
-ROUTE_KERNEL = "flash_fwd_sm70_kernel<{}>"
-ROUTE_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
-BLOCK_M, BLOCK_N, WARPS_PER_CTA = 64, 32, 4
 WIDTH = {"8": 1, "U8": 1, "S8": 1, "16": 2, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 
-def load_v100() -> dict:
-    text = resources.files("fa2patch").joinpath("data/v100.toml").read_text()
-    return {k: v["value"] for k, v in tomllib.loads(text).items()}
-
-
 def access_bytes(op: str) -> int:
-    """Bytes per thread of a load or store opcode (LDS.U.128 -> 16; no width suffix -> 4)."""
+    """Bytes per lane of a load or store opcode (LDS.U.128 -> 16; no width suffix -> 4)."""
     return next((WIDTH[p] for p in op.split(".")[1:] if p in WIDTH), 4)
 
 
-@dataclass
-class LoopReport:
-    start: int
-    end: int
-    instructions: int
-    mix: dict
-    shared_bytes: int           # per warp and iteration (loads and stores, all 32 lanes)
-    global_bytes: int
-    cycles: dict = field(default_factory=dict)  # per sub-partition and iteration, per bound
-    binding: str = ""
-    tensor_utilization_bound: float = 0.0
-    tflops_bound: float = 0.0
+def base(op: str) -> str:
+    return op.split(".")[0]
 
 
-def analyse_loop(loop: sass.Loop, v100: dict, warps_per_subpartition: int) -> LoopReport:
-    mix = Counter(CATEGORIES.get(op.split(".")[0], "int_other") for op in loop.opcodes)
-    shared = sum(32 * access_bytes(op) for op in loop.opcodes if op.split(".")[0] in ("LDS", "STS"))
-    glob = sum(32 * access_bytes(op) for op in loop.opcodes if op.split(".")[0] in ("LDG", "STG"))
-    w = warps_per_subpartition
-    cycles = {
-        "tensor": w * mix["hmma"] * v100["hmma884_step_clocks"],
-        "issue": w * len(loop.instrs) / v100["issue_per_clock_per_subpartition"],
-        # The SM's shared-memory bandwidth is shared by its sub-partitions.
-        "shared_memory": w * shared * v100["subpartitions_per_sm"] / v100["shared_bytes_per_clock_per_sm"],
-        "fp32": w * mix["fp32"] * 32 / v100["fp32_lanes_per_subpartition"],
-        "mufu": w * mix["mufu"] * 32 / v100["mufu_lanes_per_subpartition"],
-    }
-    binding = max(cycles, key=cycles.get)
-    util = cycles["tensor"] / cycles[binding] if cycles[binding] else 0.0
-    peak = (v100["sm_count"] * v100["subpartitions_per_sm"] * 2 * v100["fma_per_mma884"]
-            / (4 * v100["hmma884_step_clocks"]) * v100["boost_clock_mhz"] * 1e6 / 1e12)
-    return LoopReport(loop.start, loop.end, len(loop.instrs), dict(sorted(mix.items())), shared, glob,
-                      cycles, binding, util, util * peak)
+def load_use_gaps(instrs: list[sass.Instr]) -> list[int]:
+    """Rounds of global loads whose data the same iteration waits for: for each, the instructions
+    between the round's first load and the first instruction that names a register it loads.
+    Loads still pending at the end of the iteration are issued ahead (used by the next one) and
+    cost no round. Every listed instruction counts (both sides of a branch)."""
+    gaps, pending, first = [], set(), None
+    for i, ins in enumerate(instrs):
+        if pending and ins.registers & pending:
+            gaps.append(i - first)
+            pending, first = set(), None
+        if base(ins.op) == "LDG":
+            pending |= ins.loaded_registers()
+            first = i if first is None else first
+    return gaps
+
+
+def mix_of(instrs: list[sass.Instr]) -> tuple[dict, LoopMix]:
+    """The category counts of an instruction sequence (one warp-iteration) and its model mix."""
+    counts = Counter(CATEGORIES.get(base(i.op), "int_other") for i in instrs)
+    shared = [i.op for i in instrs if base(i.op) in ("LDS", "STS")]
+    f32 = sum(1 for i in instrs if i.op.startswith("HMMA.884.F32"))
+    mix = LoopMix(
+        instructions=len(instrs),
+        hmma_f32_steps=f32,
+        hmma_f16_steps=counts["hmma"] - f32,   # HMMA.884.F16.*: the 2-step form
+        shared_passes=sum(access_passes(access_bytes(op)) for op in shared),
+        shared_bytes=sum(32 * access_bytes(op) for op in shared),
+        fp32=counts["fp32"], mufu=counts["mufu"], load_use_gaps=tuple(load_use_gaps(instrs)))
+    return dict(sorted(counts.items())), mix
+
+
+def copy_trips(needed: int, outside: int, per_trip: int) -> tuple[int, bool]:
+    """(trip count of the copy loop, whether the copies outside it run) such that together they
+    load ``needed`` vectors: the compiler peels a remainder (``outside`` loads) in front of an
+    unrolled loop (``per_trip`` loads a trip) and runs it only when the trips do not divide."""
+    if outside and needed > outside and (needed - outside) % per_trip == 0:
+        return (needed - outside) // per_trip, True
+    if needed % per_trip == 0:
+        return needed // per_trip, False
+    return max(1, math.ceil((needed - outside) / per_trip)), True
+
+
+def dynamic_loop(function: sass.SassFunction, loop: sass.Loop, copy_bytes_per_thread: int | None
+                 ) -> tuple[list[sass.Instr], list[dict]]:
+    """One iteration of ``loop`` as executed: each inner loop repeated by its trip count.
+
+    Trip counts come from the geometry, not the SASS (the compiler does not know them): an inner
+    loop with 16-byte global loads is the global-to-shared copy, which must load
+    ``copy_bytes_per_thread`` per iteration (``copy_trips``); a peeled remainder that the
+    geometry does not run loses its loads (its other instructions stay, as static code). Other
+    inner loops, or all without a geometry, count once. Every other instruction counts once,
+    both sides of a branch. Returns the instructions and, per inner loop, {start, trips, source}."""
+    inner = sorted(function.inner_loops(loop), key=lambda x: x.start)
+    wide = lambda ins: base(ins.op) == "LDG" and access_bytes(ins.op) == 16  # noqa: E731
+    in_inner = lambda ins: any(lp.start <= ins.addr <= lp.end for lp in inner)  # noqa: E731
+    outside = [i for i in loop.instrs if wide(i) and not in_inner(i)]
+    dropped, trips_of, notes = set(), {}, []
+    for lp in inner:
+        per_trip = sum(1 for i in lp.instrs if wide(i))
+        if per_trip and copy_bytes_per_thread is not None:
+            trips, outside_runs = copy_trips(copy_bytes_per_thread // 16, len(outside), per_trip)
+            dropped |= set() if outside_runs else {i.addr for i in outside}
+            notes.append({"start": lp.start, "trips": trips, "source": "geometry (K/V tile copy)",
+                          "peeled_copies_run": outside_runs})
+        else:
+            trips = 1
+            notes.append({"start": lp.start, "trips": 1, "source": "static (trip count unknown)"})
+        trips_of[lp.start] = trips
+    out, skip_to = [], -1
+    for ins in loop.instrs:
+        if ins.addr <= skip_to or ins.addr in dropped:
+            continue
+        lp = next((x for x in inner if x.start == ins.addr), None)
+        if lp is not None:
+            out += lp.instrs * trips_of[lp.start]
+            skip_to = lp.end
+        else:
+            out.append(ins)
+    return out, notes
+
+
+def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread=None) -> dict:
+    instrs, inner = dynamic_loop(function, loop, copy_bytes_per_thread)
+    counts, mix = mix_of(instrs)
+    cycles = mix.pipes(warps_per_subpartition, v100)
+    bound = binding(cycles)
+    util = cycles["tensor"] / cycles[bound] if cycles[bound] else 0.0
+    peak = peak_tflops(Card(v100["sm_count"], v100["boost_clock_mhz"]), v100["boost_clock_mhz"], v100)
+    return {"start": loop.start, "end": loop.end, "static_instructions": len(loop.instrs),
+            "instructions": len(instrs), "dynamic": copy_bytes_per_thread is not None, "inner_loops": inner,
+            "mix": counts, "model_mix": vars(mix), "shared_bytes": mix.shared_bytes,
+            "shared_passes": mix.shared_passes, "load_rounds": len(mix.load_use_gaps),
+            "cycles": cycles, "binding": bound, "tensor_utilization_bound": util, "tflops_bound": util * peak}
 
 
 def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
@@ -99,10 +172,41 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
             "threads_per_block": threads, "shared_bytes": shared}
 
 
-def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]]) -> list[dict]:
-    """``launch`` maps a demangled-name glob to (threads per block, dynamic shared bytes)."""
-    import fnmatch
+def route_geometry(build_info: dict, artifact: Path) -> list[dict]:
+    """The sm70-dense route's kernels with their geometry, from build_info()["kernels"]; an
+    error naming what is missing when the build does not declare it (report never guesses)."""
+    if "error" in build_info:
+        raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {build_info['error']}")
+    kernels = [k for k in build_info.get("kernels", []) if k.get("route") == ROUTE]
+    if not kernels:
+        fields = sorted({f for k in build_info.get("kernels", []) for f in k})
+        raise EnvironmentProblem(
+            f"{artifact}: build_info() declares no kernel of route {ROUTE}: its kernel entries have the fields "
+            f"{', '.join(fields) or 'none'}; report needs route, {', '.join(GEOMETRY)} on each attention kernel "
+            f"(rebuild from a patch series whose build_info() exports the kernel geometry)")
+    for k in kernels:
+        missing = [f for f in GEOMETRY if not isinstance(k.get(f), int)]
+        if missing:
+            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k.get('kernel')!r} of route {ROUTE} lacks "
+                                     f"{', '.join(missing)} (expected integers; got {k})")
+        if k.get("threads") != 32 * k["warps"]:
+            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k['kernel']!r}: threads expected "
+                                     f"32 x warps = {32 * k['warps']}, actual {k.get('threads')}")
+    return sorted(kernels, key=lambda k: k["head_dim"])
 
+
+def copy_bytes_per_thread(geometry: dict) -> int:
+    """Bytes each thread copies from global to shared memory per sm70-dense iteration: one K and
+    one V tile of keys_per_iteration x head_dim halves."""
+    return 2 * geometry["keys_per_iteration"] * geometry["head_dim"] * 2 // (32 * geometry["warps"])
+
+
+def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], geometry: list[dict] | None = None
+                ) -> list[dict]:
+    """Per kernel of ``arch`` in ``artifact``: resources, occupancy and hot loops. ``launch`` maps
+    a demangled-name glob to (threads per block, dynamic shared bytes); a tensor-core kernel
+    without one is an error. ``geometry``: the route kernels' geometry (``route_geometry``), for
+    dynamic loop counts."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
@@ -111,84 +215,199 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]]) -> lis
            if r.arch == arch}
     functions = [f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact)) if f.arch == arch]
     pretty = sass.demangle([f.name for f in functions])
-    out = []
+    out, unlaunched = [], []
     for f in functions:
         r = res.get(f.name)
-        threads, dynamic = next((v for pat, v in launch.items() if fnmatch.fnmatchcase(pretty[f.name], pat)),
-                                (None, 0))
+        name = pretty[f.name]
+        threads, dynamic = sass.first_match(name, launch, (None, 0))
+        if threads is None and f.hmma:
+            unlaunched.append(name)
+            continue
         occ = occupancy(r.registers, r.shared + dynamic, threads, v100) if r and threads else None
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
+        geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
+        copy = copy_bytes_per_thread(geo) if geo else None
         out.append({
-            "kernel": pretty[f.name], "registers": r.registers if r else None, "stack": r.stack if r else None,
+            "kernel": name, "registers": r.registers if r else None, "stack": r.stack if r else None,
             "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
-            "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma,
-            "hot_loops": [vars(analyse_loop(lp, v100, w)) for lp in f.hot_loops()],
+            "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma, "geometry": geo,
+            "hot_loops": [loop_row(f, lp, v100, w, copy) for lp in f.hot_loops()],
         })
+    if unlaunched:
+        raise EnvironmentProblem(f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
+                                 f"tensor-core kernel(s) {', '.join(unlaunched)}: build_info() does not declare "
+                                 f"them and no --launch matches")
     return out
 
 
-def key_blocks_per_cta(q: int, kv: int, causal: bool) -> list[int]:
-    """Main-loop iterations (key blocks of BLOCK_N keys) of each CTA of one (batch, head), CTA m
-    holding query rows m*BLOCK_M .. (m+1)*BLOCK_M-1, as the kernel's n_block_max gives them:
-    ceil(kv / BLOCK_N) blocks, with the bottom-right causal mask no more than
-    ceil(((m+1)*BLOCK_M + kv - q) / BLOCK_N) (a partial last CTA counts as BLOCK_M rows there,
-    as in the kernel), and none when that is <= 0."""
-    blocks = -(-kv // BLOCK_N)
-    return [max(0, min(blocks, -(-((m + 1) * BLOCK_M + kv - q) // BLOCK_N)) if causal else blocks)
-            for m in range(-(-q // BLOCK_M))]
+# --- The sm70-dense route ---------------------------------------------------------------------
+
+def fa2_num_splits(batch_heads_mblocks: int, sms: int, n_blocks: int, max_splits: int = 128) -> int:
+    """FA2's split-KV heuristic (flash_api.cpp num_splits_heuristic, called by set_params_splitkv
+    with twice the SM count): the fewest splits whose wave efficiency is >= 85% of the best."""
+    if batch_heads_mblocks >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, n_blocks)
+    eligible = [s for s in range(1, max_splits + 1) if s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))]
+    eff = {s: batch_heads_mblocks * s / sms / math.ceil(batch_heads_mblocks * s / sms) for s in eligible}
+    best = max(eff.values(), default=0.0)
+    return next((s for s in eligible if eff[s] >= 0.85 * best), 1)
 
 
-def predict(shape: Shape, kernels: list[dict], v100: dict, artifact: Path) -> dict:
-    """A lower bound on the sm70-dense route's time for ``shape`` on V100 at the boost clock, and
-    the upper bound on TFLOP/s it implies (useful FLOPs: attended pairs only). ``kernels``: the
-    rows of ``report``; the route's kernel for ``shape.d`` must be among them.
+def dense_plan(shape: Shape, geometry: dict, card: Card) -> dict:
+    """How FA2's varlen host code runs ``shape`` on the sm70-dense kernel, num_splits = 0
+    (automatic): decode with grouped heads (q=1, hq > hkv) swaps the heads of a group into the
+    query rows (seqlen_q = hq/hkv, h = hkv) and is the only case that splits KV; q=1 drops the
+    causal mask. FA2 sizes the split from its own SM80 split kernel's blocks (64 rows, block_n
+    by head dim), not from this route's geometry."""
+    swapped = shape.q == 1 and shape.hq > shape.hkv
+    rows, heads = (shape.hq // shape.hkv, shape.hkv) if swapped else (shape.q, shape.hq)
+    causal = shape.causal and shape.q > 1
+    splits = 1
+    if swapped:
+        fa2_block_n = 256 if shape.d <= 64 else 128 if shape.d <= 128 else 64   # set_params_splitkv
+        splits = fa2_num_splits(shape.b * heads * -(-rows // 64), 2 * card.sms, -(-shape.kv // fa2_block_n))
+    return {"rows": rows, "heads": heads, "causal": causal, "splits": splits, "swapped": swapped}
 
-    Included: every CTA of the grid (ceil(q/BLOCK_M) x hq) runs ``key_blocks_per_cta`` iterations
-    of its kernel's hot loop (the one with the most HMMA; among equals, the cheapest: the kernel
-    runs each KV block through one of two loop bodies, unmasked or masked, and every block costs
-    at least the cheaper one) in each of its WARPS_PER_CTA warps; one
-    warp-iteration costs c cycles of its sub-partition, c being the largest per-resource bound of
-    the hot loop for one warp per sub-partition (the report's bound divided by its W). These
-    bounds are throughputs, so warps sharing a sub-partition add up and occupancy does not change
-    them. The time is at least the larger of
-      - throughput: warp-iterations x c / (sm_count x subpartitions_per_sm), all SMs busy all along;
-      - CTA granularity (waves): a CTA runs on one SM, so for every k some SM runs k+1 of the
-        k*sm_count+1 longest CTAs, at least (k+1) x (their shortest iterations) x c; k=0 is the
-        longest CTA.
-    It assumes one split (num_splits = 1; a split-KV launch and its combine kernel are not modelled).
-    Left out, each of which only adds time: the prologue and epilogue (Q load, O and LSE
-    stores, CTAs with no visible key), latencies and stalls, synchronization, HBM bandwidth, the
-    clock falling below boost, and inner loops of the hot loop beyond their one static count.
-    """
-    dpad = next((h for h in ROUTE_HEAD_DIMS if h >= shape.d), None)
-    if dpad is None or shape.d % 8:
-        raise EnvironmentProblem(f"--shapes: d={shape.d}: the sm70-dense route takes head dims that "
-                                 f"are multiples of 8 up to {ROUTE_HEAD_DIMS[-1]}")
-    name = ROUTE_KERNEL.format(dpad)
-    kernel = next((k for k in kernels if name in k["kernel"]), None)
-    if kernel is None:
-        raise EnvironmentProblem(f"{artifact}: no kernel {name}, the sm70-dense route's kernel for "
-                                 f"d={shape.d}; its SM70 kernels: "
-                                 f"{', '.join(k['kernel'] for k in kernels) or 'none'}")
+
+def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelLaunch], dict]:
+    """The sm70-dense route's launches for ``shape``: the forward kernel (grid: query blocks,
+    batch, heads x splits) and, when split, the combine kernel (its HBM traffic only)."""
+    g = kernel["geometry"]
+    plan = dense_plan(shape, g, card)
+    rows_cta, keys = g["rows_per_cta"], g["keys_per_iteration"]
+    if plan["splits"] == 1:
+        its = fa2_grid_iterations(plan["rows"], shape.kv, plan["causal"], rows_cta, keys, plan["heads"], shape.b)
+    else:   # non-causal: each split takes ceil(blocks / splits) blocks; blockIdx.z = split * h + head
+        blocks = -(-shape.kv // keys)
+        per = -(-blocks // plan["splits"])
+        its = [max(0, min(blocks, (s + 1) * per) - s * per)
+               for s in range(plan["splits"]) for _ in range(plan["heads"] * shape.b * -(-plan["rows"] // rows_cta))]
+    d = shape.d
+    q_bytes = shape.b * shape.q * shape.hq * d * 2
+    partials = plan["splits"] * shape.b * plan["heads"] * plan["rows"] * (d * 4 + 4) if plan["splits"] > 1 else 0
+    hbm = 2 * q_bytes + shape.b * shape.q * shape.hq * 4 + 2 * shape.b * shape.kv * shape.hkv * d * 2 + partials
+    loop = cheapest_hot_loop(kernel)
+    launches = [KernelLaunch(kernel["kernel"], LoopMix(**loop["model_mix"]), tuple(its), g["warps"],
+                             kernel["occupancy"]["blocks_per_sm"], hbm_bytes=hbm)]
+    if plan["splits"] > 1:
+        launches.append(KernelLaunch("splitkv_combine_sm70_kernel", LoopMix(), (), 4, 1,
+                                     prologue_load_rounds=0, hbm_bytes=partials + q_bytes))
+    return launches, plan
+
+
+def cheapest_hot_loop(kernel: dict) -> dict:
+    """The hot loop that every iteration is charged at: among the loops with the most HMMA the
+    cheapest at the kernel's occupancy (the kernel runs each block through an unmasked or a
+    masked body, with or without softcap/ALiBi code; the unmasked plain body is the common one)."""
     if not kernel["hot_loops"]:
-        raise EnvironmentProblem(f"{artifact}: kernel {name} has no hot loop (no loop with HMMA)")
+        raise EnvironmentProblem(f"kernel {kernel['kernel']} has no hot loop (no loop with HMMA)")
     most = max(lp["mix"].get("hmma", 0) for lp in kernel["hot_loops"])
-    loop = min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
+    return min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
                key=lambda lp: max(lp["cycles"].values()))
-    per_warp = {b: c / kernel["warps_per_subpartition"] for b, c in loop["cycles"].items()}
-    binding = max(per_warp, key=per_warp.get)
-    c = per_warp[binding]
-    ctas = sorted(key_blocks_per_cta(shape.q, shape.kv, shape.causal) * shape.hq, reverse=True)
-    sms = v100["sm_count"]
-    bounds = {
-        "throughput": WARPS_PER_CTA * sum(ctas) * c / (sms * v100["subpartitions_per_sm"]),
-        "cta_granularity": max(((k + 1) * ctas[k * sms] * c for k in range(-(-len(ctas) // sms))),
-                               default=0.0),
-    }
-    limit = max(bounds, key=bounds.get)
-    seconds = bounds[limit] / (v100["boost_clock_mhz"] * 1e6)
+
+
+def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
+    """Bound, model and calibrated time of a route made of ``launches`` (run one after another)."""
+    details = [{**estimate_launch(x, card, v100), "bound": lower_bound(x, card, v100)} for x in launches]
+    model = sum(x["ms"] for x in details)
+    return {"launches": details, "bound_ms": sum(x["bound"]["ms"] for x in details), "model_ms": model,
+            "calibrated_ms": model * calibration["factor"]}
+
+
+def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path) -> dict:
+    """The sm70-dense route on ``card`` for ``shape``. ``kernels``: report rows (with geometry)."""
+    route = [k for k in kernels if (k.get("geometry") or {}).get("route") == ROUTE]
+    kernel = next((k for k in sorted(route, key=lambda k: k["geometry"]["head_dim"])
+                   if k["geometry"]["head_dim"] >= shape.d), None)
+    if kernel is None or shape.d % 8:
+        dims = [k["geometry"]["head_dim"] for k in route]
+        raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {ROUTE} for head dims "
+                                 f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})")
+    launches, plan = dense_launches(shape, kernel, card)
+    est = route_estimate(launches, card, v100, calibration)
     flops = useful_flops(shape)
-    return {"label": shape.label, "kernel": name, "ctas": len(ctas), "warp_iterations": WARPS_PER_CTA * sum(ctas),
-            "binding": binding, "cycles_per_warp_iteration": c, "bounds": bounds, "limited_by": limit,
-            "cycles": bounds[limit], "useful_flops": flops, "ms_lower_bound": seconds * 1e3,
-            "tflops_upper_bound": flops / seconds / 1e12 if seconds else None}
+    tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
+    return {"label": shape.label, "kernel": kernel["geometry"]["kernel"], "plan": plan,
+            "card": {"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
+            "useful_flops": flops, **est, "tflops_upper_bound": tflops(est["bound_ms"]),
+            "calibrated_tflops": tflops(est["calibrated_ms"]), "factor": calibration["factor"]}
+
+
+def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card) -> dict:
+    """The whole report: kernel rows and, for ``shapes``, predictions with their calibration.
+    ``launch`` (--launch) replaces build_info()'s launch configurations; build_info() must load
+    unless it does, and must declare the route's geometry when ``shapes`` are given."""
+    info = load_build_info(artifact)
+    if "error" in info and (shapes or not launch):
+        raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {info['error']}")
+    declared = any(k.get("route") == ROUTE for k in info.get("kernels", []))
+    geometry = route_geometry(info, artifact) if shapes or declared else None
+    launch = launch or launches_of(info)
+    rows = kernel_rows(artifact, arch, launch, geometry)
+    out = {"arch": arch, "kernels": rows}
+    if shapes:
+        v100 = load_v100()
+        calibration = calibrate(v100)
+        out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
+                   calibration=calibration,
+                   predictions=[predict(s, rows, card, v100, calibration, artifact) for s in shapes])
+    return out
+
+
+def render(result: dict) -> str:
+    """The report as text: the kernel table; with predictions, the shape table and the anchors."""
+    lines = ["Static report from the sm_70 SASS (V100 parameters: tools/fa2patch/data/v100.toml); bounds and "
+             "model estimates, not measurements. Counts per warp-iteration: dynamic (inner loops x trip counts "
+             "from the build's geometry) where marked *, else static."]
+    table = []
+    for k in result["kernels"]:
+        occ = k["occupancy"]
+        occ_text = f"{occ['blocks_per_sm']} blk, {occ['warps_per_sm']} warps ({occ['limited_by']})" if occ else "-"
+        for lp in k["hot_loops"] or [None]:
+            table.append([k["kernel"][:60], k["registers"], occ_text,
+                          lp and f"{lp['instructions']}{'*' if lp['dynamic'] else ''}", lp and lp["mix"].get("hmma", 0),
+                          lp and f"{lp['shared_passes']:g}", lp and lp["load_rounds"], lp and lp["binding"],
+                          lp and f"{lp['tensor_utilization_bound']:.0%}", lp and f"{lp['tflops_bound']:.1f}"])
+    lines.append(_table([[("-" if c is None else c) for c in r] for r in table],
+                        ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem passes", "load rounds",
+                         "binding", "tensor util <=", "TFLOP/s <="]))
+    if "predictions" not in result:
+        return "\n".join(lines)
+    cal, card = result["calibration"], result["card"]
+    lo, hi = cal["residual_range"]
+    lines += ["", f"Route {ROUTE} on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
+              f"bound: pipes only at {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). model: + exposed load latency, "
+              f"prologue/epilogue, dispatch tail and HBM at the sustained {card['sustained_mhz']:g} MHz. "
+              f"calibrated = model x {cal['factor']:.3f} ({len(cal['anchors'])} anchors, residuals "
+              f"{lo:+.1%} .. {hi:+.1%}; tolerance +-{cal['tolerance']:.0%})."]
+    lines.append(_table([[p["label"], p["kernel"], p["plan"]["splits"], f"{p['bound_ms']:.3f}",
+                          _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['calibrated_ms']:.3f}",
+                          _num(p["calibrated_tflops"]), _limits(p["launches"])]
+                         for p in result["predictions"]],
+                        ["shape", "kernel", "splits", "bound ms", "TFLOP/s <=", "model ms", "calibrated ms",
+                         "calibrated TFLOP/s", "limited by"]))
+    lines += ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
+              "tools/fa2patch/data/anchors.toml), recomputed now:"]
+    lines.append(_table([[a["name"], f"{a['measured']:.4g} {a['unit']}", f"{a['model']:.4g} {a['unit']}",
+                          f"{a['ratio']:.3f}", f"{a['residual']:+.1%}"] for a in cal["anchors"]],
+                        ["anchor", "measured", "model", "ratio", "residual"]))
+    if not cal["within_tolerance"]:
+        lines.append(f"WARNING: one factor does not explain every anchor within +-{cal['tolerance']:.0%}")
+    return "\n".join(lines)
+
+
+def _limits(launches: list[dict]) -> str:
+    """What limits each launch: "compute" for the first, "<kernel> hbm" for the others."""
+    return ", ".join(x["limited_by"] if i == 0 else f"{x['name'].split('(')[0].split('::')[-1]} {x['limited_by']}"
+                     for i, x in enumerate(launches))
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+                     for r in [header, ["-" * w for w in widths], *rows])

@@ -1,11 +1,13 @@
-"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings.
+"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings;
+and the one way kernel names are matched (``kernel_matches``).
 
-Used by `verify` (budgets, tensor-core checks) and meant for the static performance report.
+Used by `verify` (budgets, tensor-core checks, launch configurations) and `report` (loop mixes,
+operands of loads).
 """
 
+import fnmatch
 import re
 import subprocess
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,11 +83,28 @@ def parse_resource_usage(text: str) -> list[Resources]:
     return out
 
 
+_REGISTER = re.compile(r"\bR(\d+)\b")
+
+
 @dataclass
 class Instr:
     addr: int
     op: str                   # opcode with modifiers, without the predicate
     target: int | None = None  # branch target of a BRA
+    args: str = ""            # operands as written
+
+    @property
+    def registers(self) -> set[int]:
+        """Numbers of the general registers its operands name (RZ excluded)."""
+        return {int(r) for r in _REGISTER.findall(self.args)}
+
+    def loaded_registers(self) -> set[int]:
+        """Registers a load writes: its first operand and, for 64/128-bit loads, the next ones."""
+        first = _REGISTER.search(self.args.split(",")[0])
+        if first is None:
+            return set()
+        width = 4 if ".128" in self.op else 2 if ".64" in self.op else 1
+        return set(range(int(first.group(1)), int(first.group(1)) + width))
 
 
 @dataclass
@@ -123,9 +142,12 @@ class SassFunction:
         return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
                                             for o in hot)]
 
-    @property
-    def counts(self) -> Counter:
-        return Counter(self.opcodes)
+    def inner_loops(self, outer: Loop) -> list[Loop]:
+        """The loops directly inside ``outer`` (not inside another loop inside it)."""
+        inside = [lp for lp in self.loops() if outer.start <= lp.start and lp.end <= outer.end
+                  and (lp.start, lp.end) != (outer.start, outer.end)]
+        return [lp for lp in inside if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
+                                               for o in inside)]
 
     @property
     def hmma(self) -> int:
@@ -162,7 +184,7 @@ def parse_sass(text: str) -> list[SassFunction]:
             target = None
             if op.split(".")[0] == "BRA" and (t := _TARGET.search(m.group(4))):
                 target = int(t.group(1), 16)
-            current.instrs.append(Instr(int(m.group(1), 16), op, target))
+            current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip()))
     return functions
 
 
@@ -190,3 +212,20 @@ def demangle(names: list[str]) -> dict[str, str]:
     except (OSError, subprocess.CalledProcessError):
         return {n: n for n in names}
     return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
+def kernel_matches(demangled: str, pattern: str) -> bool:
+    """Whether a kernel's demangled name matches a glob (fnmatch, case-sensitive, whole name):
+    how budgets.toml, the build description's tensor_core_kernels, `report --launch` and
+    build_info()'s launch configurations name kernels."""
+    return fnmatch.fnmatchcase(demangled, pattern)
+
+
+def first_match(demangled: str, by_pattern: dict, default=None):
+    """The value of the first glob in ``by_pattern`` that ``demangled`` matches, else ``default``."""
+    return next((v for p, v in by_pattern.items() if kernel_matches(demangled, p)), default)
+
+
+def name_part_glob(part: str) -> str:
+    """A glob matching every name that contains ``part`` literally."""
+    return "*" + re.sub(r"([*?\[])", r"[\1]", part) + "*"

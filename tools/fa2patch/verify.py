@@ -6,10 +6,10 @@
    bytes (the build's ptxas -v log), compared with the budgets file.
 3. Kernels that must use tensor cores (the build description's globs): HMMA present and no
    trap instruction in their SASS (a clang build without the nvcc version macros compiles
-   every CuTe MMA to a trap, DESIGN.md §5).
+   every CuTe MMA to a trap, docs/DESIGN.md §5).
+Kernels are named by globs on their demangled names (``sass.kernel_matches``).
 """
 
-import fnmatch
 import json
 import re
 import subprocess
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import sass, toolchain
-from .build import tensor_core_kernel
 from .digest import sha256_file
 from .errors import CheckFailed, EnvironmentProblem, mismatch
 
@@ -86,8 +85,10 @@ def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.execut
 
 
 def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
-    """{kernel name part: (threads per block, dynamic shared bytes)} from build_info()."""
-    return {k["kernel"]: (k["threads"], k["dynamic_smem"]) for k in build_info.get("kernels", [])}
+    """{demangled-name glob: (threads per block, dynamic shared bytes)} from build_info(), whose
+    kernel entries are parts of demangled names."""
+    return {sass.name_part_glob(k["kernel"]): (k["threads"], k["dynamic_smem"])
+            for k in build_info.get("kernels", [])}
 
 
 def check_schemas(artifact: Path, schemas_path: Path, got: dict) -> list[Row]:
@@ -117,17 +118,18 @@ class Budget:
     max_shared_bytes: int = 96 * 1024
 
 
-def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
+def load_budgets(path: Path) -> tuple[Budget, dict[str, Budget]]:
+    """The default budget and {demangled-name glob: budget} of the [[kernel]] tables."""
     if not path.is_file():
         raise EnvironmentProblem(f"{path}: budgets file not found")
     data = tomllib.loads(path.read_text())
     try:
         default = Budget(**data.get("default", {}))
-        overrides = [(k.pop("pattern"), Budget(**{**default.__dict__, **k}))
-                     for k in [dict(x) for x in data.get("kernel", [])]]
+        overrides = {k.pop("pattern"): Budget(**{**default.__dict__, **k})
+                     for k in [dict(x) for x in data.get("kernel", [])]}
     except (TypeError, KeyError) as exc:
         raise CheckFailed(f"{path}: malformed budgets: {exc!r}") from exc
-    for pattern, b in [("default", default), *overrides]:
+    for pattern, b in [("default", default), *overrides.items()]:
         if b.max_spill_bytes != 0:
             raise CheckFailed(mismatch(f"max_spill_bytes of {pattern!r}", str(path), 0, b.max_spill_bytes)
                               + "\n  (zero spills is a hard rule)")
@@ -136,7 +138,8 @@ def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
 
 def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
                   launches: dict[str, tuple[int, int]]) -> list[Row]:
-    """``launches``: {kernel name part: (threads, dynamic shared bytes)}, from build_info()."""
+    """``launches``: {demangled-name glob: (threads, dynamic shared bytes)}, from build_info().
+    Every pattern (budgets, tensor-core kernels, launches) is a glob on the demangled name."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
@@ -153,8 +156,7 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
     rows = []
     by_name = {r.name: r for r in resources}
     for name in names:
-        budget = next((b for pat, b in overrides if fnmatch.fnmatchcase(pretty[name], pat)
-                       or fnmatch.fnmatchcase(name, pat)), default)
+        budget = sass.first_match(pretty[name], overrides, default)
         res, px, fn = by_name.get(name), ptxas.get(name), functions.get(name)
         problems = []
         if res is None:
@@ -163,8 +165,8 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
             problems.append("no ptxas -v report for it (spills unknown)")
         regs = res.registers if res else px["registers"]
         spills = (px["spill_stores"] + px["spill_loads"]) if px else None
-        launch = next((v for part, v in launches.items() if part in pretty[name]), None)
-        tensor_core = tensor_core_kernel(name, pretty[name], patterns)
+        launch = sass.first_match(pretty[name], launches)
+        tensor_core = any(sass.kernel_matches(pretty[name], p) for p in patterns)
         if launch is None and tensor_core:
             problems.append("no launch configuration in build_info() (dynamic shared memory unknown)")
         shared = (res.shared if res else px["smem"]) + (launch[1] if launch else 0)
@@ -188,7 +190,7 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
                    "traps": traps}
         rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems) or "ok", numbers))
     for pat in patterns:
-        if not any(tensor_core_kernel(n, pretty[n], [pat]) for n in names):
+        if not any(sass.kernel_matches(pretty[n], pat) for n in names):
             rows.append(Row("kernel", pat, False, f"no kernel matches the tensor-core pattern {pat!r}"))
     return rows
 
@@ -198,12 +200,13 @@ def check_linkage(artifact: Path) -> list[Row]:
     tables, and C++ stream formatting across the torch boundary then crashes (seen on the lab
     machine, whose $CXX links libstdc++ statically: every error message with a number segfaulted)."""
     try:
-        out = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True,
-                             check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise EnvironmentProblem(f"readelf: cannot read {artifact}: {exc}\n  install: "
-                                 "apt-get install -y binutils") from exc
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+        proc = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"readelf: cannot run it: {exc}\n  install: apt-get install -y binutils") from exc
+    if proc.returncode != 0:
+        return [Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: "
+                                                f"{proc.stderr.strip()}")]
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", proc.stdout)
     ok = any(n.startswith("libstdc++.so") for n in needed)
     return [Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
                 mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)

@@ -1,0 +1,119 @@
+"""report on kernels compiled here for sm_70 (known HMMA forms and loops) and on the real build."""
+
+import json
+import textwrap
+
+import pytest
+
+from fa2patch import sass, toolchain
+from fa2patch.errors import EnvironmentProblem
+from fa2patch.report import kernel_rows, occupancy
+from fa2patch.v100model import load_v100
+from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
+
+MMA_F16 = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, "
+           "{%0,%1,%2,%3};\" : \"+r\"(c[0]), \"+r\"(c[1]), \"+r\"(c[2]), \"+r\"(c[3]) : \"r\"(a[0]), \"r\"(a[1]), "
+           "\"r\"(b[0]), \"r\"(b[1]));")
+
+
+def test_occupancy_by_hand():
+    v100 = load_v100()
+    # 255 registers x 128 threads: 2 blocks by registers; 72 KB of shared memory: 1 block.
+    occ = occupancy(255, 72 * 1024, 128, v100)
+    assert (occ["blocks_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (1, 4, "shared_memory")
+    assert occupancy(64, 0, 256, v100)["blocks_per_sm"] == 4  # 64 regs x 256 threads = 16K regs
+
+
+def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp_path):
+    """One mma.m8n8k4 is 4 HMMA.884.F32 steps with FP32 accumulators and 2 HMMA.884.F16 steps with
+    FP16 accumulators (CUDA 12.8); both hold the tensor pipe 8 clocks."""
+    src = textwrap.dedent(f"""
+        __global__ void f32_loop(const unsigned* in, float* out) {{
+          unsigned a[2] = {{in[threadIdx.x], in[threadIdx.x + 32]}};
+          unsigned b[2] = {{in[threadIdx.x + 64], in[threadIdx.x + 96]}};
+          float d[8] = {{0.f}};
+          for (int it = 0; it < in[0]; ++it) {{ {MMA} {MMA} }}
+          for (int i = 0; i < 8; ++i) out[threadIdx.x * 8 + i] = d[i];
+        }}
+        __global__ void f16_loop(const unsigned* in, unsigned* out) {{
+          unsigned a[2] = {{in[threadIdx.x], in[threadIdx.x + 32]}};
+          unsigned b[2] = {{in[threadIdx.x + 64], in[threadIdx.x + 96]}};
+          unsigned c[4] = {{0u, 0u, 0u, 0u}};
+          for (int it = 0; it < in[0]; ++it) {{ {MMA_F16} {MMA_F16} }}
+          for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = c[i];
+        }}
+        __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
+    """)
+    obj, _ = compile_cu(clang_cuda, src, tmp_path)
+    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
+                                                                            ["-sass"], obj))}
+    forms = {name: sorted({op for op in f.opcodes if op.startswith("HMMA")}) for name, f in funcs.items()}
+    assert forms["_Z8f32_loop"] == [f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
+    assert forms["_Z8f16_loop"] == ["HMMA.884.F16.F16.STEP0", "HMMA.884.F16.F16.STEP1"]
+    rows = {r["kernel"].split("(")[0]: r for r in kernel_rows(obj, "sm_70", {"*_loop*": (32, 0)})}
+    f32, f16 = rows["f32_loop"]["hot_loops"][0], rows["f16_loop"]["hot_loops"][0]
+    # Two mma per iteration: 8 F32 steps or 4 F16 steps, 16 tensor clocks per warp either way;
+    # 32-thread blocks: the 32-blocks-per-SM limit binds, 8 warps share each sub-partition.
+    assert rows["f32_loop"]["warps_per_subpartition"] == rows["f16_loop"]["warps_per_subpartition"] == 8
+    assert (f32["model_mix"]["hmma_f32_steps"], f32["model_mix"]["hmma_f16_steps"]) == (8, 0)
+    assert (f16["model_mix"]["hmma_f32_steps"], f16["model_mix"]["hmma_f16_steps"]) == (0, 4)
+    assert f32["cycles"]["tensor"] == f16["cycles"]["tensor"] == 8 * 16
+    assert rows["no_mma"]["hot_loops"] == []
+    # A tensor-core kernel without a launch configuration is an error naming it, not a row
+    # without occupancy.
+    with pytest.raises(EnvironmentProblem, match=r"no launch configuration .* for the tensor-core kernel\(s\) "
+                                                 r"f32_loop\(unsigned int const\*, float\*\)"):
+        kernel_rows(obj, "sm_70", {"*f16_loop*": (32, 0)})
+
+
+# --- The real sm_70 build -------------------------------------------------------------------------
+
+def real_geometry(artifact):
+    """The build's sm70-dense kernels with the geometry its build_info() declares."""
+    from fa2patch.report import route_geometry
+    from fa2patch.smoke import load_build_info
+
+    return route_geometry(load_build_info(artifact), artifact)
+
+
+def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
+    """Per warp-iteration, the kernel's HMMA steps must equal the work its geometry declares
+    (QK and PV: 2 x rows/warps x keys x head_dim FMAs, 1,024 per mma, 4 F32 steps each) and its
+    copy loop must load the K and V tiles exactly once."""
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    geometry = real_geometry(artifact)
+    launch = {f"*{g['kernel']}*": (g["threads"], g["dynamic_smem"]) for g in geometry}
+    rows = [r for r in kernel_rows(artifact, "sm_70", launch, geometry) if r["geometry"]]
+    assert sorted(r["geometry"]["head_dim"] for r in rows) == [32, 64, 96, 128, 192, 256]
+    for r in rows:
+        g = r["geometry"]
+        steps = 4 * 2 * g["rows_per_cta"] // g["warps"] * g["keys_per_iteration"] * g["head_dim"] // 1024
+        for lp in r["hot_loops"]:
+            assert lp["dynamic"] and lp["model_mix"]["hmma_f32_steps"] == steps, (g["kernel"], lp["start"])
+            copies = [n for n in lp["inner_loops"] if n["source"].startswith("geometry")]
+            assert len(copies) <= 1
+            assert lp["shared_passes"] > 0 and lp["load_rounds"] >= 1
+    # D=256 (today: 32 keys x 256 dims x 2 tiles x 2 B over 128 threads = 16 vectors a thread):
+    # the unrolled copy loop (4 vectors a trip) runs 4 times and the peeled remainder not at all.
+    d256 = next(r for r in rows if r["geometry"]["head_dim"] == 256)
+    g = d256["geometry"]
+    vectors = 2 * g["keys_per_iteration"] * g["head_dim"] * 2 // (32 * g["warps"]) // 16
+    for lp in d256["hot_loops"]:
+        (copy,) = lp["inner_loops"]
+        assert copy["trips"] * 4 == vectors and copy["peeled_copies_run"] is (vectors % 4 != 0)
+
+
+def test_report_command_on_the_real_build(built_sm70, real_project):
+    proc = real_project.run("report", "--arch", "sm_70", "--json")
+    out = json.loads(proc.stdout)
+    assert out["ok"] is True and out["arch"] == "sm_70"
+    assert any("flash_fwd_sm70_kernel<256>" in k["kernel"] and k["hot_loops"] for k in out["kernels"])
+    shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8"
+    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
+    assert "calibrated = model x" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
+    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
+    out = json.loads(proc.stdout)
+    assert out["card"]["sms"] == 72 and out["calibration"]["within_tolerance"]
+    prefill, decode = out["predictions"]
+    assert prefill["bound_ms"] < prefill["model_ms"] < prefill["calibrated_ms"]
+    assert decode["plan"]["swapped"] and decode["plan"]["splits"] >= 1
