@@ -142,3 +142,101 @@ def test_build_is_reproducible_from_another_project_folder(built_sm70, real_proj
     mine = json.loads((built_sm70 / "manifest.json").read_text())["artifact"]["sha256"]
     theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())["artifact"]["sha256"]
     assert theirs == mine
+
+
+# --- One list each: head dims (C++), sources (build description), kernel tiles (build_info). ---
+
+SM70_DIR = "csrc/flash_attn/fa2patch/sm70"
+
+
+def cpp_head_dims(tree: Path) -> list[int]:
+    """kHeadDims as kernel_traits.h writes it: the one C++ list of instantiated head dims."""
+    import re
+
+    text = (tree / SM70_DIR / "kernel_traits.h").read_text()
+    found = re.findall(r"kHeadDims\s*=\s*\{([0-9,\s]+)\}", text)
+    assert len(found) == 1, "kernel_traits.h must define kHeadDims exactly once"
+    return [int(x) for x in found[0].split(",")]
+
+
+def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real_workspace):
+    from fa2patch.build import BuildDescription
+
+    desc = BuildDescription.load(real_workspace)
+    ours = sorted(str(p.relative_to(real_workspace)) for p in (real_workspace / "csrc/flash_attn/fa2patch").rglob("*")
+                  if p.suffix in (".cu", ".cpp"))
+    built = desc.host_sources + desc.arch("sm_70").cuda_sources
+    assert [f for f in ours if f not in built] == []
+    assert desc.arch("sm_90").cuda_sources == desc.arch("sm_70").cuda_sources
+
+
+def test_one_instantiation_file_per_cpp_head_dim_each_built(real_workspace):
+    import re
+
+    from fa2patch.build import BuildDescription
+
+    head_dims = cpp_head_dims(real_workspace)
+    assert head_dims == sorted(head_dims) and head_dims[-1] == 256
+    cuda = BuildDescription.load(real_workspace).arch("sm_70").cuda_sources
+    files = {int(m.group(1)): f for f in cuda if (m := re.fullmatch(rf"{SM70_DIR}/flash_fwd_sm70_hdim(\d+)\.cu", f))}
+    assert sorted(files) == head_dims
+    for d, f in files.items():   # each file instantiates the head dim its name says, and only that one
+        text = (real_workspace / f).read_text()
+        assert re.findall(r"run_flash_fwd_sm70<(\d+)>", text) == [str(d)]
+
+
+def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace):
+    """FA2's setup.py takes fa2patch's sources from the build description: evaluate the `sources`
+    of its CUDAExtension as written, with its own fa2patch_sources()."""
+    import ast
+    import os
+
+    from fa2patch.build import BuildDescription
+
+    tree = ast.parse((real_workspace / "setup.py").read_text())
+    helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fa2patch_sources")
+    namespace = {"os": os}
+    exec(compile(ast.Module([helper], []), "setup.py", "exec"), namespace)
+    extension = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "CUDAExtension"
+                     and any(k.arg == "name" and getattr(k.value, "value", "") == "flash_attn_2_cuda" for k in n.keywords))
+    sources_expr = next(k.value for k in extension.keywords if k.arg == "sources")
+    sources = eval(compile(ast.Expression(sources_expr), "setup.py", "eval"),
+                   {**namespace, "this_dir": str(real_workspace)})
+    desc = BuildDescription.load(real_workspace)
+    # setup.py builds FA2's pybind module, so not the torch library (vllm_ops.cpp).
+    expected = [s for s in desc.host_sources if s.startswith("csrc/flash_attn/fa2patch/")
+                and not s.endswith("/vllm_ops.cpp")] + desc.arch("sm_70").cuda_sources
+    assert [s for s in sources if "/fa2patch/" in s] == expected
+    assert len(sources) == len(set(sources)) and all((real_workspace / s).is_file() for s in sources)
+
+
+def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, real_workspace):
+    """build_info() names every SM70 kernel of the SASS once; attention kernels carry a route and a
+    tile, the others null; the sm70-dense kernels are exactly those of kHeadDims. (That each tile
+    accounts for its kernel's hot loop is test_report_sass's check.)"""
+    import re
+
+    from fa2patch import sass, toolchain
+    from fa2patch.smoke import load_build_info
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    info = load_build_info(artifact)
+    functions = [f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
+                                                           artifact)) if f.arch == "sm_70"]
+    built = list(sass.demangle([f.name for f in functions]).values())
+    listed = []
+    for k in info["kernels"]:
+        matches = [name for name in built if k["kernel"] in name]
+        assert len(matches) == 1, (k["kernel"], built)
+        listed += matches
+        tile = [k[f] for f in ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")]
+        if k["route"] is None:
+            assert tile == [None] * 4, k
+        else:
+            assert k["route"] in info["routes"] and all(isinstance(v, int) and v > 0 for v in tile), k
+    assert sorted(listed) == sorted(built)
+    dense = [k for k in info["kernels"] if k["route"] == "sm70-dense"]
+    assert [k["kernel"] for k in dense] == [f"flash_fwd_sm70_kernel<{d}>" for d in cpp_head_dims(real_workspace)]
+    assert [k["head_dim"] for k in dense] == cpp_head_dims(real_workspace)
+    sass_dims = sorted(int(m.group(1)) for name in built if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))
+    assert sass_dims == cpp_head_dims(real_workspace)

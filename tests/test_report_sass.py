@@ -1,7 +1,6 @@
 """report on kernels compiled here for sm_70 (known HMMA forms and loops) and on the real build."""
 
 import json
-import re
 import textwrap
 
 import pytest
@@ -70,20 +69,11 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 # --- The real sm_70 build -------------------------------------------------------------------------
 
 def real_geometry(artifact):
-    """The build's route geometry; a build that predates it (no route fields in build_info())
-    gets the values its kernels were written with (kernel_traits.h: 64 rows, 32 keys, 4 warps),
-    so that the SASS checks below still run."""
-    from fa2patch.report import ROUTE, route_geometry
+    """The build's sm70-dense kernels with the geometry its build_info() declares."""
+    from fa2patch.report import route_geometry
     from fa2patch.smoke import load_build_info
 
-    info = load_build_info(artifact)
-    assert "error" not in info, info
-    if any(k.get("route") == ROUTE for k in info["kernels"]):
-        return route_geometry(info, artifact), True
-    legacy = [{"kernel": k["kernel"], "threads": k["threads"], "dynamic_smem": k["dynamic_smem"], "route": ROUTE,
-               "head_dim": int(m.group(1)), "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4}
-              for k in info["kernels"] if (m := re.fullmatch(r"flash_fwd_sm70_kernel<(\d+)>", k["kernel"]))]
-    return legacy, False
+    return route_geometry(load_build_info(artifact), artifact)
 
 
 def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
@@ -91,7 +81,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     (QK and PV: 2 x rows/warps x keys x head_dim FMAs, 1,024 per mma, 4 F32 steps each) and its
     copy loop must load the K and V tiles exactly once."""
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    geometry, _ = real_geometry(artifact)
+    geometry = real_geometry(artifact)
     launch = {f"*{g['kernel']}*": (g["threads"], g["dynamic_smem"]) for g in geometry}
     rows = [r for r in kernel_rows(artifact, "sm_70", launch, geometry) if r["geometry"]]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [32, 64, 96, 128, 192, 256]
@@ -119,12 +109,7 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert out["ok"] is True and out["arch"] == "sm_70"
     assert any("flash_fwd_sm70_kernel<256>" in k["kernel"] and k["hot_loops"] for k in out["kernels"])
     shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8"
-    _, declared = real_geometry(built_sm70 / "_vllm_fa2_C.abi3.so")
-    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes,
-                            check_rc=0 if declared else 2)
-    if not declared:   # geometry missing from build_info(): refused, naming what is missing
-        assert "declares no kernel of route sm70-dense" in proc.stderr and "rows_per_cta" in proc.stderr
-        return
+    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
     assert "calibrated = model x" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)

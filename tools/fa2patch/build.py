@@ -54,15 +54,20 @@ class BuildDescription:
                                      "(is it replayed with patch 0001?)")
         try:
             data = tomllib.loads(path.read_text())
+            groups = data.get("sources", {})
             ext = data["extension"]
-            archs = {a: ArchSpec(spec.get("cuda_sources", []), spec.get("defines", []),
-                                 spec.get("tensor_core_kernels", []), bool(spec.get("lab", False)))
+            archs = {a: ArchSpec(expand_sources(path, f"[arch.{a}] cuda_sources", spec.get("cuda_sources", []),
+                                                groups),
+                                 spec.get("defines", []), spec.get("tensor_core_kernels", []),
+                                 bool(spec.get("lab", False)))
                      for a, spec in data.get("arch", {}).items()}
             desc = cls(path, ext["name"], ext["include_dirs"], ext.get("defines", []),
-                       ext["host_sources"], archs, ext.get("system_include_dirs", []))
+                       expand_sources(path, "[extension] host_sources", ext["host_sources"], groups),
+                       archs, ext.get("system_include_dirs", []))
         except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckFailed(f"{path}: malformed build description: {exc!r}") from exc
-        for src in desc.host_sources + [s for a in archs.values() for s in a.cuda_sources]:
+        grouped = [f for files in groups.values() for f in files]   # setup.py reads the groups too
+        for src in desc.host_sources + [s for a in archs.values() for s in a.cuda_sources] + grouped:
             if not (Path(tree) / src).is_file():
                 raise CheckFailed(f"{path}: lists {src}, which is not in the tree")
         return desc
@@ -72,6 +77,31 @@ class BuildDescription:
             raise EnvironmentProblem(f"{self.path}: unsupported --arch\n  expected: one of "
                                      f"{', '.join(sorted(self.archs))}\n  actual:   {arch}")
         return self.archs[arch]
+
+
+def expand_sources(path: Path, where: str, entries: list[str], groups: dict[str, list[str]]) -> list[str]:
+    """A source list with each "@<group>" entry replaced by the files of [sources].<group>
+    (the format is described in the build description's own comments)."""
+    files = []
+    for entry in entries:
+        if not entry.startswith("@"):
+            files.append(entry)
+            continue
+        group = groups.get(entry[1:])
+        if group is None:
+            raise CheckFailed(f"{path}: {where} names an unknown source group\n  expected: one of "
+                              f"{', '.join('@' + g for g in sorted(groups)) or '(no [sources] groups)'}"
+                              f"\n  actual:   {entry}")
+        nested = [f for f in group if f.startswith("@")]
+        if nested:
+            raise CheckFailed(f"{path}: [sources] {entry[1:]} lists {nested[0]}\n  expected: file paths "
+                              "(a group does not include another group)\n  actual:   a group reference")
+        files += group
+    twice = sorted({f for f in files if files.count(f) > 1})
+    if twice:
+        raise CheckFailed(f"{path}: {where} lists a file more than once\n  expected: each file once\n"
+                          f"  actual:   {', '.join(twice)} repeated (after expanding source groups)")
+    return files
 
 
 def _q(args) -> str:
@@ -177,7 +207,7 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     objects = []
     for rule, sources in (("cxx", desc.host_sources), ("cuda", spec.cuda_sources)):
         for src in sources:
-            obj = build_dir / "obj" / (src.replace("/", "__") + ".o")
+            obj = object_path(build_dir, src)
             objects.append(obj)
             lines.append(f"build {_ninja_path(obj)}: {rule} {_ninja_path(tree / src)}")
     lines.append(f"build {_ninja_path(artifact)}: link {' '.join(_ninja_path(o) for o in objects)}")
@@ -185,6 +215,23 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     ninja_file = build_dir / "build.ninja"
     ninja_file.write_text("\n".join(lines) + "\n")
     return ninja_file
+
+
+def object_path(build_dir: Path, src: str) -> Path:
+    return build_dir / "obj" / (src.replace("/", "__") + ".o")
+
+
+def ptxas_kernels(build_dir: Path, cuda_sources: list[str]) -> list[dict]:
+    """ptxas's numbers for the entry functions of this build's CUDA objects (the logs the cuda rule
+    keeps beside them); logs of objects that a previous build description listed are ignored."""
+    entries = {}
+    for src in cuda_sources:
+        log = Path(f"{object_path(build_dir, src)}.log")
+        if not log.is_file():
+            raise BuildFailed(f"{log}: the ptxas -v output of {src} is missing (remove {build_dir} and "
+                              "build again)")
+        entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
+    return [asdict(e) for e in entries.values() if e.entry]
 
 
 def _ninja_path(p: Path) -> str:
@@ -222,11 +269,8 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
 
 def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_digest) -> dict:
     spec = desc.arch(arch)
-    ptxas_entries = {}
-    for log in sorted((build_dir / "obj").glob("*.o.log")):
-        ptxas_entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
     digest = tree_digest(tree)
-    kernels = [asdict(e) for e in ptxas_entries.values() if e.entry]
+    kernels = ptxas_kernels(build_dir, spec.cuda_sources)
     return {
         "fa2patch": __version__,
         "extension": desc.name,
