@@ -12,6 +12,7 @@ export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH} FA2PATCH_FORCE_SM70=1
 so=build/sm_90/_vllm_fa2_C.abi3.so
 v=tests/gpu/sm70_cases.py    # varlen_fwd
 k=tests/gpu/kvcache_cases.py # fwd_kvcache
+p=tests/gpu/prefill_cases.py # gqa_prefill_fwd (the long-prefill route)
 # family|harness|spec
 cases=(
   "gqa|$v|"'{"seqlens": [[1, 1], [37, 90], [0, 5], [5, 0]], "hq": 4, "hkv": 2, "d": 64, "causal": true}'
@@ -32,7 +33,16 @@ cases=(
   "bad_input|$v|"'{"seqlens": [[8, 40], [4, 20]], "misaligned": "k", "expect_error": true}'
   "bad_input|$k|"'{"cache": [5, 20], "capacity": 20, "seqlen_new": 1, "expect_error": true}'
   "bad_input|$k|"'{"cache": [5, 20], "seqlen_new": 1, "cache_batch_idx": true, "bad_cache_batch_idx": [0, 4], "expect_error": true}'
+  "long_prefill|$p|"'{"seqlens": [[300, 1000]], "hq": 6, "hkv": 1}'
+  "long_prefill|$p|"'{"seqlens": [[200, 9000]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": true}'
+  "long_prefill|$p|"'{"seqlens": [[77, 8300]], "hq": 16, "hkv": 1, "page_size": 48, "poison": true}'
+  "long_prefill|$p|"'{"seqlens": [[300, 100]], "hq": 4, "hkv": 1}'
+  "bad_input|$p|"'{"seqlens": [[100, 300]], "page_size": 16, "bad_block_table": [0, 3, -1], "expect_error": true}'
 )
+# SANITIZE_FAMILIES (an extended regex) keeps only the cases of matching families.
+if [ -n "${SANITIZE_FAMILIES:-}" ]; then
+  kept=(); for c in "${cases[@]}"; do [[ ${c%%|*} =~ ^(${SANITIZE_FAMILIES})$ ]] && kept+=("$c"); done; cases=("${kept[@]}")
+fi
 results=$out/sanitize-results.jsonl
 : >"$results"
 run_one() {  # tool index

@@ -388,7 +388,11 @@ def _brief(r: dict) -> str:
 
 @pytest.mark.parametrize("c", _params(NUMERICS))
 def test_numerics(c: Case, runner, numerics_summary):
-    r = runner.result(c)
+    check_numerics(c, runner.result(c), numerics_summary)
+
+
+def check_numerics(c: Case, r: dict, numerics_summary) -> None:
+    """The numerics contract for one case's result (the harness output keys of sm70_cases.py)."""
     numerics_summary.record(c.family, c.name, r)
     where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
     assert r.get("error") is None, where
@@ -409,7 +413,11 @@ def test_numerics(c: Case, runner, numerics_summary):
 
 @pytest.mark.parametrize("c", _params(BAD))
 def test_bad_input_is_a_typed_error(c: Case, runner, numerics_summary):
-    r = runner.result(c)
+    check_bad_input(c, runner.result(c), numerics_summary)
+
+
+def check_bad_input(c: Case, r: dict, numerics_summary) -> None:
+    """A typed error before any launch; the process and the device still usable."""
     numerics_summary.record(c.family, c.name, {**r, "ok": _bad_ok(c, r)})
     where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
     assert r.get("error") is None, f"the process did not survive\n{where}"
