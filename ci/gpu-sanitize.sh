@@ -37,7 +37,7 @@ cases=(
   "long_prefill|$p|"'{"seqlens": [[200, 9000]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": true}'
   "long_prefill|$p|"'{"seqlens": [[77, 8300]], "hq": 16, "hkv": 1, "page_size": 48, "poison": true}'
   "long_prefill|$p|"'{"seqlens": [[300, 100]], "hq": 4, "hkv": 1}'
-  "bad_input|$p|"'{"seqlens": [[100, 300]], "page_size": 16, "bad_block_table": [0, 3, -1], "expect_error": true}'
+  "long_prefill|$p|"'{"seqlens": [[100, 300]], "page_size": 16, "bad_block_table": [0, 3, -1], "expect_error": true}'
 )
 # SANITIZE_FAMILIES (an extended regex) keeps only the cases of matching families.
 if [ -n "${SANITIZE_FAMILIES:-}" ]; then
