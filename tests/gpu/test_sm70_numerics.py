@@ -4,8 +4,9 @@ Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=
 CUDA fault in one case cannot take the others down) and compares ``varlen_fwd``, called the way
 vLLM calls it (22 positional arguments, results in a NaN-filled ``out``), against the FP32
 reference: FA2's bar, relative L2 <= 1e-3, finite outputs, softmax_lse within 1e-3, and bitwise
-determinism where a case asks for it. The small cases are started up front, a few at a time
-(FA2PATCH_GPU_JOBS, default 6), because a subprocess spends most of its time importing torch.
+determinism where a case asks for it. The cases are started up front, a few at a time
+(FA2PATCH_GPU_JOBS, default 6; slow ones FA2PATCH_GPU_SLOW_JOBS, default 2), because a
+subprocess spends most of its time importing torch.
 Cases marked ``slow`` run with FA2PATCH_SLOW=1. Every result goes to the session's numerics
 summary (``$FA2PATCH_GPU_SUMMARY``, see conftest.py).
 """
@@ -312,18 +313,20 @@ def _slow_enabled() -> bool:
 
 
 class CaseRunner:
-    """Runs cases in subprocesses, a few at a time; a test waits for its own case."""
+    """Runs cases in subprocesses, a few at a time (slow ones, which need tens of GB for the
+    reference, at most ``slow_jobs`` at a time); a test waits for its own case."""
 
-    def __init__(self, artifact: Path, jobs: int):
+    def __init__(self, artifact: Path, jobs: int, slow_jobs: int = 2):
         self.artifact = artifact
         self.pool = ThreadPoolExecutor(max_workers=jobs)
+        self.slow_pool = ThreadPoolExecutor(max_workers=slow_jobs)
         self.futures = {}
         pythonpath = os.pathsep.join(p for p in (str(TOOLS), os.environ.get("PYTHONPATH")) if p)
         self.env = {**os.environ, **FORCE, "PYTHONPATH": pythonpath}
 
     def submit(self, c: Case) -> None:
         if c.id not in self.futures:
-            self.futures[c.id] = self.pool.submit(self._run, c)
+            self.futures[c.id] = (self.slow_pool if c.slow else self.pool).submit(self._run, c)
 
     def result(self, c: Case) -> dict:
         self.submit(c)
@@ -344,6 +347,7 @@ class CaseRunner:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.slow_pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +366,7 @@ def sm70_build_info(gpu_build) -> dict:
 @pytest.fixture(scope="module")
 def runner(request, gpu_build, sm70_build_info):
     jobs = max(1, int(os.environ.get("FA2PATCH_GPU_JOBS", "6")))
-    r = CaseRunner(gpu_build, jobs)
+    r = CaseRunner(gpu_build, jobs, max(1, int(os.environ.get("FA2PATCH_GPU_SLOW_JOBS", "2"))))
     # Start every selected case now, a few at a time; with FA2PATCH_SLOW unset the slow ones are
     # skipped, so they are not started.
     for item in request.session.items:
