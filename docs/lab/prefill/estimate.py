@@ -48,6 +48,27 @@ def steps(sq, sk, hq, hk):
     return [(pv(s - 1) if s > 0 else []) + (qk(s) if s < nb else []) for s in range(nb + 1)]
 
 
+def hbm_bytes(sq, sk, hq, hk):
+    """Bytes the route moves through HBM at least: each qk tile computed writes its 128 x 128 fp16
+    scores and 128 maxima, each pv chunk reads 64 x 32 scores and its maxima; every pv tile reads
+    and writes its running state (fp32 acc, m, l; not read in the first block, not written in the
+    last; untouched by a tile that sees no key of a middle block); per block Q is read again and K, V once; out and softmax_lse once."""
+    g, rows_pad, bk, nb = plan(sq, sk, hq, hk)
+    state = 64 * (256 * 4 + 8)
+    total = sq * hq * 256 * 2 + hq * sq * 4
+    for s, ctas in enumerate(steps(sq, sk, hq, hk)):
+        for kind, it in ctas:
+            if kind == "qk":
+                total += 128 * 128 * 2 + 128 * 4
+            else:
+                b = s - 1   # a pv tile with nothing to do in a middle block returns at once
+                if it or b in (0, nb - 1):
+                    total += it * (64 * 32 * 2 + 64 * 4) + state * ((b > 0) + (b < nb - 1))
+        if s < nb:
+            total += sq * hq * 256 * 2 + 2 * max(0, min(bk, sk - s * bk)) * hk * 256 * 2
+    return total
+
+
 def loop_cycles(report):
     kernel = next(k for k in report["kernels"] if "sm70_gqa_prefill_kernel" in k["kernel"])
     w = kernel["warps_per_subpartition"]
@@ -90,8 +111,10 @@ def main():
     for sms in args.sms:
         for s in shapes:
             e = estimate(report, *s, sms, args.mhz)
+            hbm = hbm_bytes(*s)
             print(f"{sms} SMs {args.mhz:.0f} MHz  Q={s[0]} KV={s[1]} Hq={s[2]} Hkv={s[3]}: bound {e['ms']:.2f} ms, "
-                  f"{e['tflops']:.1f} TFLOP/s (every SM busy: {e['tflops_all_busy']:.1f})")
+                  f"{e['tflops']:.1f} TFLOP/s (every SM busy: {e['tflops_all_busy']:.1f}); HBM {hbm / 1e9:.1f} GB = "
+                  f"{hbm / 900e6:.1f} ms at 900 GB/s ({100 * hbm / 900e6 / e['ms']:.0f}% of the bound's time)")
 
 
 if __name__ == "__main__":
