@@ -15,6 +15,10 @@ so=build/sm_90/_vllm_fa2_C.abi3.so
 # bad inputs that it marks for the sanitizer (tests/gpu/sanitize_cases.py).
 mapfile -t cases < <(python3 tests/gpu/sanitize_cases.py)
 [ ${#cases[@]} -gt 0 ] || { echo "[sanitize] tests/gpu/sanitize_cases.py listed no case" >&2; exit 2; }
+# SANITIZE_FAMILIES (an extended regex) keeps only the cases of matching families.
+if [ -n "${SANITIZE_FAMILIES:-}" ]; then
+  kept=(); for c in "${cases[@]}"; do [[ ${c%%|*} =~ ^(${SANITIZE_FAMILIES})$ ]] && kept+=("$c"); done; cases=("${kept[@]}")
+fi
 results=$out/sanitize-results.jsonl
 : >"$results"
 run_one() {  # tool index

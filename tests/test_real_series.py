@@ -52,6 +52,7 @@ def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
     result = json.loads(proc.stdout)
     rows = {r["name"]: r for r in result["rows"]}
     assert result["ok"] and rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
+    assert rows["gqa_prefill_fwd"]["ok"] and rows["gqa_prefill_workspace_bytes"]["ok"]
 
 
 def test_verify_and_report_find_the_same_launch_for_every_kernel(built_sm70, real_project):
@@ -119,6 +120,59 @@ print(json.dumps({"info": info, "raised": raised}))
     assert result["info"]["library"] == "_vllm_fa2_C"
     assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
     assert result["raised"] is not None
+
+
+def _prefill_workspace_bytes(sq, sk, hq, hk):
+    """The formula stated in gqa_prefill.h (make_plan), written out independently."""
+    up = lambda x, m: -(-x // m) * m  # noqa: E731
+    rows = hk * up(hq // hk * sq, 128)
+    block = min(max((768 << 20) // max(1, 2 * rows * 2) // 128 * 128, 256), 8192, max(128, up(sk, 128)))
+    return (2 * up(rows * block * 2, 256) + 2 * up(rows * (block // 128) * 4, 256) + up(rows * 1024, 256)
+            + up(rows * 8, 256))
+
+
+def test_long_prefill_ops_on_a_gpu_less_machine(built_sm70):
+    """gqa_prefill_workspace_bytes follows the stated formula and refuses what the route does not
+    take; build_info lists the route (an object naming its op) and its kernel with its geometry;
+    gqa_prefill_fwd with CPU tensors raises a typed error and the process survives."""
+    code = r"""
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+ops = torch.ops._vllm_fa2_C
+shapes = [(8000, 128000, 6, 1), (8000, 40000, 6, 1), (16384, 262144, 16, 1), (1024, 300, 8, 2), (1, 1, 1, 1), (5, 0, 4, 4)]
+sizes = [ops.gqa_prefill_workspace_bytes(*s) for s in shapes]
+errors = []
+for bad in [(100, 300, 17, 1), (100, 300, 6, 4), (-1, 300, 6, 1)]:
+    try:
+        ops.gqa_prefill_workspace_bytes(*bad)
+        errors.append(None)
+    except Exception as exc:
+        errors.append(type(exc).__name__)
+q = torch.zeros(4, 6, 256, dtype=torch.float16)
+k = torch.zeros(4, 1, 256, dtype=torch.float16)
+try:
+    ops.gqa_prefill_fwd(q, k, k, None, None, 4, 0.0625, None)
+    raised = None
+except Exception as exc:
+    raised = type(exc).__name__
+print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": raised,
+                  "info": json.loads(ops.build_info())}))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    # 48,000 rows x (2 x 4,096 x 2 + 2 x 32 x 4 + 1,024 + 8) bytes, by hand: blocks of 4,096 keys
+    assert r["sizes"][0] == 848_256_000
+    assert r["sizes"] == [_prefill_workspace_bytes(*s) for s in r["shapes"]]
+    assert r["errors"] == ["ValueError"] * 3
+    assert r["raised"] is not None
+    assert {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}} in r["info"]["routes"]
+    kernel = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
+    assert kernel["route"] == "sm70-gqa-prefill" and kernel["head_dim"] == 256 and kernel["warps"] == 4
+    assert kernel["dynamic_smem"] <= 48 * 1024 - 1280  # two CTAs per SM with the static 1,280 bytes
+    tiles = {t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"])
+             for t in kernel["tiles"]}
+    assert tiles == {"qk": (128, 128, 32), "pv": (64, 32, 256)}
 
 
 def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):
@@ -233,7 +287,8 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
         if k["route"] is None:
             assert tile == [None] * 4, k
         else:
-            assert k["route"] in info["routes"] and all(isinstance(v, int) and v > 0 for v in tile), k
+            routes = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
+            assert k["route"] in routes and all(isinstance(v, int) and v > 0 for v in tile), k
     assert sorted(listed) == sorted(built)
     dense = [k for k in info["kernels"] if k["route"] == "sm70-dense"]
     assert [k["kernel"] for k in dense] == [f"flash_fwd_sm70_kernel<{d}>" for d in cpp_head_dims(real_workspace)]

@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "tools")]
 
+from test_long_prefill_gpu import BAD as PREFILL_BAD, SCRIPT as PREFILL  # noqa: E402
 from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402
 
 VARLEN, KVCACHE = SCRIPT, KVCACHE_SCRIPT
@@ -36,11 +37,15 @@ FAMILIES = [
     ("kvcache", KVCACHE, {"cache": [5, 40], "seqlen_q": 2, "seqlen_new": 2, "cache_batch_idx": True,
                           "rotary_dim": 64, "interleaved": True, "hq": 4, "hkv": 4, "d": 64}),
     ("kvcache", KVCACHE, {"cache": [20, 40], "leftpad": [3, 0], "seqlen_q": 3, "hq": 4, "hkv": 2, "d": 128}),
+    ("long_prefill", PREFILL, {"seqlens": [[300, 1000]], "hq": 6, "hkv": 1}),
+    ("long_prefill", PREFILL, {"seqlens": [[200, 9000]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": True}),
+    ("long_prefill", PREFILL, {"seqlens": [[77, 8300]], "hq": 16, "hkv": 1, "page_size": 48, "poison": True}),
+    ("long_prefill", PREFILL, {"seqlens": [[300, 100]], "hq": 4, "hkv": 1}),
 ]
 
 
 def cases() -> list[tuple[str, Path, dict]]:
-    return FAMILIES + [(c.family, c.script, c.spec) for c in BAD if c.sanitize]
+    return FAMILIES + [(c.family, c.script, c.spec) for c in BAD + PREFILL_BAD if c.sanitize]
 
 
 def main() -> None:

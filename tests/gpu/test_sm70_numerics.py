@@ -5,8 +5,9 @@ CUDA fault in one case cannot take the others down) and compares ``varlen_fwd``,
 vLLM calls it (22 positional arguments, results in a NaN-filled ``out``), against the FP32
 reference with the thresholds of ``fa2patch.numerics``: FA2's bar, relative L2, finite outputs,
 softmax_lse, and bitwise
-determinism where a case asks for it. The small cases are started up front, a few at a time
-(FA2PATCH_GPU_JOBS, default 6), because a subprocess spends most of its time importing torch.
+determinism where a case asks for it. The cases are started up front, a few at a time
+(FA2PATCH_GPU_JOBS, default 6; slow ones FA2PATCH_GPU_SLOW_JOBS, default 2), because a
+subprocess spends most of its time importing torch.
 Cases marked ``slow`` run with FA2PATCH_SLOW=1. Every result goes to the session's numerics
 summary (``$FA2PATCH_GPU_SUMMARY``, see conftest.py).
 """
@@ -320,18 +321,20 @@ def _slow_enabled() -> bool:
 
 
 class CaseRunner:
-    """Runs cases in subprocesses, a few at a time; a test waits for its own case."""
+    """Runs cases in subprocesses, a few at a time (slow ones, which need tens of GB for the
+    reference, at most ``slow_jobs`` at a time); a test waits for its own case."""
 
-    def __init__(self, artifact: Path, jobs: int):
+    def __init__(self, artifact: Path, jobs: int, slow_jobs: int = 2):
         self.artifact = artifact
         self.pool = ThreadPoolExecutor(max_workers=jobs)
+        self.slow_pool = ThreadPoolExecutor(max_workers=slow_jobs)
         self.futures = {}
         pythonpath = os.pathsep.join(p for p in (str(TOOLS), os.environ.get("PYTHONPATH")) if p)
         self.env = {**os.environ, **FORCE, "PYTHONPATH": pythonpath}
 
     def submit(self, c: Case) -> None:
         if c.id not in self.futures:
-            self.futures[c.id] = self.pool.submit(self._run, c)
+            self.futures[c.id] = (self.slow_pool if c.slow else self.pool).submit(self._run, c)
 
     def result(self, c: Case) -> dict:
         self.submit(c)
@@ -352,6 +355,7 @@ class CaseRunner:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.slow_pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
@@ -370,13 +374,14 @@ def sm70_build_info(gpu_build) -> dict:
 @pytest.fixture(scope="module")
 def runner(request, gpu_build, sm70_build_info):
     jobs = max(1, int(os.environ.get("FA2PATCH_GPU_JOBS", "6")))
-    r = CaseRunner(gpu_build, jobs)
-    # Start every selected small case now; slow ones start when their test asks (one at a time).
+    r = CaseRunner(gpu_build, jobs, max(1, int(os.environ.get("FA2PATCH_GPU_SLOW_JOBS", "2"))))
+    # Start every selected case now, a few at a time; with FA2PATCH_SLOW unset the slow ones are
+    # skipped, so they are not started.
     for item in request.session.items:
         if getattr(item, "module", None) is not request.module or not hasattr(item, "callspec"):
             continue
         c = item.callspec.params.get("c")
-        if isinstance(c, Case) and not c.slow:
+        if isinstance(c, Case) and (not c.slow or _slow_enabled()):
             r.submit(c)
     yield r
     r.close()
@@ -396,7 +401,11 @@ def _brief(r: dict) -> str:
 
 @pytest.mark.parametrize("c", _params(NUMERICS))
 def test_numerics(c: Case, runner, numerics_summary):
-    r = runner.result(c)
+    check_numerics(c, runner.result(c), numerics_summary)
+
+
+def check_numerics(c: Case, r: dict, numerics_summary) -> None:
+    """The numerics contract for one case's result (the harness output keys of sm70_cases.py)."""
     numerics_summary.record(c.family, c.name, r)
     where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
     assert r.get("error") is None, where
@@ -418,7 +427,11 @@ def test_numerics(c: Case, runner, numerics_summary):
 
 @pytest.mark.parametrize("c", _params(BAD))
 def test_bad_input_is_a_typed_error(c: Case, runner, numerics_summary):
-    r = runner.result(c)
+    check_bad_input(c, runner.result(c), numerics_summary)
+
+
+def check_bad_input(c: Case, r: dict, numerics_summary) -> None:
+    """A typed error before any launch; the process and the device still usable."""
     numerics_summary.record(c.family, c.name, {**r, "ok": _bad_ok(c, r)})
     where = f"{c.id} spec={json.dumps(c.spec)}\nresult={_brief(r)}"
     assert r.get("error") is None, f"the process did not survive\n{where}"

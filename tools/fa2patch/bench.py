@@ -123,7 +123,7 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
         r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
-                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps}),
+                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"]}),
                          env=known[route].get("env"))
         if "error" not in r:
             r.update(judge(r["numerics"]))
@@ -145,14 +145,20 @@ def _smi(fields: str) -> str:
 
 
 def worker() -> None:
-    """Subprocess side: time one shape through varlen_fwd and compare the output."""
+    """Subprocess side: time one shape through the route's op and compare the output. varlen_fwd
+    takes vLLM's 22 arguments; gqa_prefill_fwd (one causal sequence) a workspace allocated once,
+    as a persistent one would be."""
     import torch
 
     from .reference import attention_ref_chunked, compare
 
     artifact, spec = sys.argv[1], json.loads(sys.argv[2])
     torch.ops.load_library(artifact)
-    op = torch.ops._vllm_fa2_C.varlen_fwd
+    ops = torch.ops._vllm_fa2_C
+    name = spec.get("op", "varlen_fwd")
+    op = getattr(ops, name)
+    if name != "varlen_fwd" and not spec["causal"]:
+        raise ValueError(f"{name} computes causal attention only; the shape is not causal")
     torch.manual_seed(0)
     q = torch.randn(spec["q"], spec["hq"], spec["d"], dtype=torch.float16, device="cuda")
     k = torch.randn(spec["kv"], spec["hkv"], spec["d"], dtype=torch.float16, device="cuda")
@@ -161,9 +167,16 @@ def worker() -> None:
     cu_q = torch.tensor([0, spec["q"]], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, spec["kv"]], dtype=torch.int32, device="cuda")
 
-    def call():
-        op(q, k, v, out, cu_q, cu_k, None, None, None, None, spec["q"], spec["kv"], 0.0, spec["scale"],
-           False, spec["causal"], -1, -1, 0.0, False, 0, None)
+    if name == "varlen_fwd":
+        def call():
+            op(q, k, v, out, cu_q, cu_k, None, None, None, None, spec["q"], spec["kv"], 0.0, spec["scale"],
+               False, spec["causal"], -1, -1, 0.0, False, 0, None)
+    else:
+        ws = torch.empty(ops.gqa_prefill_workspace_bytes(spec["q"], spec["kv"], spec["hq"], spec["hkv"]),
+                         dtype=torch.uint8, device="cuda")
+
+        def call():
+            op(q, k, v, out, None, spec["kv"], spec["scale"], ws)
 
     for _ in range(spec["warmup"]):
         call()

@@ -25,10 +25,17 @@ print(json.dumps(info))
 """
 
 # (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
+# Routes whose op is varlen_fwd run these; the long-prefill op (one sequence, causal, head dim 256)
+# runs PREFILL_PROBLEMS.
 PROBLEMS = [
     ([(1, 1), (17, 33), (64, 64)], 4, 2, 64, True),
     ([(5, 300), (128, 128)], 6, 1, 128, False),
     ([(3, 40)], 2, 1, 256, True),
+]
+PREFILL_PROBLEMS = [
+    ([(1, 1)], 6, 1, 256, True),
+    ([(130, 300)], 6, 1, 256, True),
+    ([(64, 9000)], 8, 2, 256, True),
 ]
 
 
@@ -102,9 +109,10 @@ def probe_route() -> None:
     artifact, route = sys.argv[1], json.loads(sys.argv[2])
     torch.ops.load_library(artifact)
     op = getattr(torch.ops._vllm_fa2_C, route["op"])
+    prefill = route["op"] == "gqa_prefill_fwd"
     torch.manual_seed(0)
     cases = []
-    for seqs, hq, hk, d, causal in PROBLEMS:
+    for seqs, hq, hk, d, causal in PREFILL_PROBLEMS if prefill else PROBLEMS:
         cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))],
                             dtype=torch.int32, device="cuda")
         cu_k = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))],
@@ -114,8 +122,11 @@ def probe_route() -> None:
         v = torch.randn_like(k)
         out = torch.full_like(q, float("nan"))
         scale = d ** -0.5
-        op(q, k, v, out, cu_q, cu_k, None, None, None, None, max(s[0] for s in seqs),
-           max(s[1] for s in seqs), 0.0, scale, False, causal, -1, -1, 0.0, False, 0, None)
+        if prefill:
+            op(q, k, v, out, None, k.shape[0], scale, None)
+        else:
+            op(q, k, v, out, cu_q, cu_k, None, None, None, None, max(s[0] for s in seqs),
+               max(s[1] for s in seqs), 0.0, scale, False, causal, -1, -1, 0.0, False, 0, None)
         torch.cuda.synchronize()
         for i, (sq, sk) in enumerate(seqs):
             sl_q, sl_k = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
