@@ -50,6 +50,9 @@ pass_ctx = click.make_pass_decorator(Context, ensure=True)
 workspace_option = click.option("--workspace", "workspace", type=click.Path(file_okay=False),
                                 help="the git workspace [default: <project>/work/flash-attn]")
 json_option = click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+python_option = click.option("--python", type=click.Path(dir_okay=False, exists=True), default=None,
+                              help="the Python interpreter whose torch to build against / load with "
+                                   "(e.g. your vLLM venv's bin/python) [default: the one running fa2patch]")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -166,17 +169,22 @@ def doctor(ctx, as_json):
 @click.option("--cuda-compiler", type=click.Choice(["auto", "nvcc", "clang"]), default="auto",
               show_default=True, help="auto: nvcc if it can target --arch, else clang-22 + wheels")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="parallel compile jobs [default: CPUs]")
+@python_option
 @workspace_option
 @json_option
 @pass_ctx
-def build(ctx, arch, cuda_compiler, jobs, workspace, as_json):
-    """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json."""
+def build(ctx, arch, cuda_compiler, jobs, python, workspace, as_json):
+    """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json.
+
+    With --python, build against the torch of another environment (headers, C++ ABI flag and
+    CUDA version read from that interpreter; a torch without code for --arch is refused)."""
     from .build import build as do_build
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
     manifest = do_build(ws, arch, out, cuda_compiler, jobs, expected_digest=lock.final_digest(),
-                        echo=(lambda m: click.echo(m, err=True)) if as_json else click.echo)
+                        echo=(lambda m: click.echo(m, err=True)) if as_json else click.echo,
+                        python=python or sys.executable)
     if as_json:
         click.echo(json.dumps(manifest, indent=1))
         return
@@ -189,14 +197,30 @@ def build(ctx, arch, cuda_compiler, jobs, workspace, as_json):
 
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@click.option("--artifact", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="verify this extension instead of build/<arch> (one built without fa2patch build, "
+                   "e.g. by the --vllm-src CMake); its tensor-core kernels come from --workspace's "
+                   "fa2patch-build.toml, spills from its stack frames")
+@python_option
+@workspace_option
 @json_option
 @pass_ctx
-def verify(ctx, arch, as_json):
-    """Check the operator schemas and every kernel's registers, spills, shared memory and SASS."""
-    from .verify import verify as do_verify
+def verify(ctx, arch, artifact, python, workspace, as_json):
+    """Check the operator schemas, the artifact's hygiene (libraries, RPATH, build paths, CPython
+    ABI) and every kernel's registers, spills, shared memory and SASS. The extension is loaded
+    with the interpreter it was built for (manifest), or --python."""
+    from . import verify as v
 
     p = ctx.project
-    manifest, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path)
+    if artifact is None:
+        manifest, rows = v.verify(p.build_dir(arch), p.schemas_path, p.budgets_path, python,
+                                  (p.root, ctx.workspace(workspace)))
+    else:
+        tree = ctx.workspace(workspace)
+        manifest = v.artifact_manifest(artifact.resolve(), tree, arch)
+        python = python or sys.executable
+        rows = v.verify_artifact(artifact.resolve(), manifest, p.schemas_path, p.budgets_path, python,
+                                 v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
     if as_json:
         click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"],
                                "rows": [asdict(r) for r in rows]}, indent=1))

@@ -57,19 +57,37 @@ def nvidia_wheel_dir(name: str) -> Path | None:
 
 @functools.lru_cache(maxsize=None)
 def torch_info(python: str = sys.executable) -> dict:
-    """torch's version, CUDA version, include and library paths, from a subprocess."""
+    """torch's version, CUDA version, GPU architectures, C++ ABI flag, include and library paths,
+    as seen by ``python`` (a subprocess, so that another environment's torch can be read)."""
     code = (
-        "import json, sysconfig, torch\n"
+        "import json, sys, sysconfig, torch\n"
         "from torch.utils import cpp_extension as c\n"
+        # The arch list torch's own kernels were built for; readable without a GPU (unlike
+        # torch.cuda.get_arch_list(), which is empty when no GPU is present).
+        "archs = torch._C._cuda_getArchFlags().split() if hasattr(torch._C, '_cuda_getArchFlags') else []\n"
         "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,"
-        " 'include': c.include_paths(), 'lib': c.library_paths(),"
+        " 'arch_list': archs, 'include': c.include_paths(), 'lib': c.library_paths(),"
         " 'cxx11_abi': int(torch._C._GLIBCXX_USE_CXX11_ABI),"
+        " 'python': sys.executable, 'python_version': sysconfig.get_python_version(),"
         " 'python_include': sysconfig.get_paths()['include']}))\n"
     )
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    except OSError:
+        return {}
     if proc.returncode != 0:
         return {}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def torch_runs_arch(torch: dict, arch: str) -> bool:
+    """Whether torch's own kernels run on ``arch`` (sm_XY): built for it, or PTX at or below it."""
+    want = int(arch.removeprefix("sm_"))
+    for a in torch.get("arch_list", []):
+        kind, _, num = a.partition("_")
+        if num.isdigit() and ((kind == "sm" and int(num) == want) or (kind == "compute" and int(num) <= want)):
+            return True
+    return False
 
 
 def find_clang() -> Path | None:
