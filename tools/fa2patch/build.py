@@ -165,7 +165,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    maps = prefix_maps(tree, Path(torch["include"][0]).parents[1], build_dir)
+    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir)
     common = [*BASE_FLAGS, *maps, *flags, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]

@@ -55,24 +55,15 @@ def nvidia_wheel_dir(name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+TORCH_QUERY = Path(__file__).with_name("torch_query.py")
+
+
 @functools.lru_cache(maxsize=None)
 def torch_info(python: str = sys.executable) -> dict:
     """torch's version, CUDA version, GPU architectures, C++ ABI flag, include and library paths,
     as seen by ``python`` (a subprocess, so that another environment's torch can be read)."""
-    code = (
-        "import json, sys, sysconfig, torch\n"
-        "from torch.utils import cpp_extension as c\n"
-        # The arch list torch's own kernels were built for; readable without a GPU (unlike
-        # torch.cuda.get_arch_list(), which is empty when no GPU is present).
-        "archs = torch._C._cuda_getArchFlags().split() if hasattr(torch._C, '_cuda_getArchFlags') else []\n"
-        "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,"
-        " 'arch_list': archs, 'include': c.include_paths(), 'lib': c.library_paths(),"
-        " 'cxx11_abi': int(torch._C._GLIBCXX_USE_CXX11_ABI),"
-        " 'python': sys.executable, 'python_version': sysconfig.get_python_version(),"
-        " 'python_include': sysconfig.get_paths()['include']}))\n"
-    )
     try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+        proc = subprocess.run([python, str(TORCH_QUERY)], capture_output=True, text=True)
     except OSError:
         return {}
     if proc.returncode != 0:

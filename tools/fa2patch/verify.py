@@ -260,8 +260,8 @@ def machine_folders(*extra: Path, python: str | None = None) -> list[Path]:
     if python:
         folders.append(Path(python).resolve().parents[1])  # the environment's prefix
         torch = toolchain.torch_info(python)
-        if torch.get("include"):
-            folders.append(Path(torch["include"][0]).parents[1])  # torch's site-packages
+        if torch:
+            folders.append(Path(torch["site_packages"]))
     return folders
 
 
