@@ -246,6 +246,46 @@ def _n(row, key):
 
 
 @cli.command()
+@click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@click.option("--vllm-src", "vllm_src", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="instead of the wheel: write the source tree for a vLLM source build here "
+                   "(VLLM_FLASH_ATTN_SRC_DIR), plus a plugin-only wheel")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="folder for the wheel [default: <project>/dist]")
+@click.option("--force", is_flag=True, help="replace a non-empty --vllm-src folder")
+@workspace_option
+@json_option
+@pass_ctx
+def package(ctx, arch, vllm_src, out, force, workspace, as_json):
+    """Package for vLLM: a wheel with the verified extension of build/<arch> and a vLLM plugin
+    that enables it on compute capability 7.0; or, with --vllm-src, a source tree that vLLM's
+    own build compiles (VLLM_FLASH_ATTN_SRC_DIR) and a plugin-only wheel."""
+    from . import package as pk
+
+    p = ctx.project
+    out = (out or p.root / "dist").resolve()
+    if vllm_src is None:
+        from .verify import verify as do_verify
+
+        _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None,
+                            (p.root, ctx.workspace(workspace)))
+        result = {"wheel": str(pk.wheel(p, arch, out, rows))}
+    else:
+        result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock().final_digest(),
+                                     force)
+        result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
+    if as_json:
+        click.echo(json.dumps({"ok": True, **result}, indent=1))
+        return
+    for key in ("vllm_src", "wheel"):
+        if key in result:
+            click.echo(f"{key.replace('_', '-')}: {result[key]}")
+    if result.get("source_matches_lock") is False:
+        click.echo("warning: the workspace tree differs from the lock (unexported work); this source "
+                   "tree is not the locked series", err=True)
+
+
+@cli.command()
 @click.option("--arch", "archs", multiple=True, help="built architecture(s) to try [default: all built]")
 @json_option
 @pass_ctx
