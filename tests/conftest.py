@@ -41,7 +41,7 @@ date = "{IDENTITY[2]}"
 
 @pytest.fixture(scope="session")
 def real_project(tmp_path_factory) -> MiniProject:
-    """A copy of this repository's lock, patches, schemas and budgets in a temporary project.
+    """A copy of this repository's lock, patches, schemas, budgets and packaging in a temporary project.
 
     Uses the user's archive cache (fetching the real baseline into it if needed)."""
     import shutil
@@ -50,7 +50,7 @@ def real_project(tmp_path_factory) -> MiniProject:
     root.mkdir()
     for name in ("baseline.lock", "budgets.toml"):
         shutil.copy(REPO / name, root / name)
-    for name in ("patches", "schemas"):
+    for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)
     from fa2patch.project import user_cache_dir
 

@@ -34,8 +34,8 @@ DIST = "fa2patch_vllm"  # distribution and import name
 ENTRY_POINTS = "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register\n"
 PLUGIN_FILES = ("__init__.py", "plugin.py")
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
-# Besides the build's include folders: licences that travel with FA2's and CUTLASS's code.
-TREE_EXTRAS = ("fa2patch-build.toml", "LICENSE", "AUTHORS", "csrc/cutlass/LICENSE.txt")
+# Besides the build's include folders: the build description and FA2's licence.
+TREE_EXTRAS = ("fa2patch-build.toml", "LICENSE", "AUTHORS")
 # vLLM's fork ships FA2's Triton rotary kernel as vllm.vllm_flash_attn.layers.rotary (vLLM's
 # ApplyRotaryEmb.forward_cuda imports it); vLLM installs the tree's vllm_flash_attn/*.py.
 ROTARY = {"flash_attn/layers/rotary.py": "vllm_flash_attn/layers/rotary.py",
@@ -207,3 +207,30 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"vllm_src": str(dest), **record}
+
+
+def vllm_release(project: Project) -> dict:
+    """The tested vLLM release (packaging/vllm-release.toml)."""
+    import tomllib
+
+    path = project.root / "packaging" / "vllm-release.toml"
+    try:
+        return tomllib.loads(path.read_text())["vllm"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+        raise EnvironmentProblem(f"{path}: cannot read the tested vLLM release: {exc}") from exc
+
+
+def extract_vllm_sources(project: Project, dest: Path, extra: tuple[str, ...] = ()) -> Path:
+    """The tested vLLM release's Python package (and ``extra`` files of its source tree) at
+    ``dest``/vllm-<version>, from its sdist fetched through the package index."""
+    from .fetch import fetch_pinned
+
+    release = vllm_release(project)
+    sdist = fetch_pinned("vllm", release["sdist"], release["sha256"], release["size"])
+    top = f"vllm-{release['version']}"
+    wanted = (f"{top}/vllm/", *(f"{top}/{e}" for e in extra))
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers()
+                   if m.isfile() and m.name.startswith(wanted) and (m.name.endswith(".py") or m.name in wanted)]
+        tar.extractall(dest, members=members, filter="data")
+    return dest / top
