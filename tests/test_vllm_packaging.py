@@ -52,7 +52,7 @@ def vllm_src(real_project, tmp_path_factory):
     code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
             "from fa2patch.package import extract_vllm_sources; "
             "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
-            "('cmake/external_projects/vllm_flash_attn.cmake',)))")
+            "('cmake/external_projects/vllm_flash_attn.cmake', 'tests/kernels/attention/test_flash_attn.py')))")
     dest = tmp_path_factory.mktemp("vllm")
     out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
                          capture_output=True, text=True, check=True).stdout
@@ -305,3 +305,30 @@ def test_vllm_src_route_gates(vllm_built_tree, vllm_src_package, tmp_path):
     assert "through the _vllm_fa2_C that vLLM built from fa2patch's source tree" in log
     other, _ = probe(python, tree, "8.0", plugins=True)
     assert other["gates"] == {"8.0": YES}
+
+
+# --- the GPU lab script, as far as a CPU goes ----------------------------------------------------
+
+def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, tmp_path):
+    """ci/gpu-vllm.sh: without a GPU `run` skips with exit 3; `collect` does the whole set-up and
+    finds vLLM's 160 FA2 fp16 cases and the 36 KV-view cases, with the extension imported by
+    vLLM's interface from vllm/vllm_flash_attn/."""
+    import tarfile
+
+    archive = tmp_path / "vllm-src.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(vllm_src, arcname=vllm_src.name)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "FA2PATCH_VLLM_ARCHIVE": str(archive), "OUT": str(tmp_path / "out"),
+           "FA2PATCH_VLLM_EXTENSION": str(built / "_vllm_fa2_C.abi3.so")}
+    script = [str(REPO / "ci" / "gpu-vllm.sh")]
+    import torch
+
+    if not torch.cuda.is_available():
+        run = subprocess.run(["bash", *script, "run"], env=env, capture_output=True, text=True)
+        assert run.returncode == 3 and "SKIP: no GPU" in run.stdout
+    collect = subprocess.run(["bash", *script, "collect"], env=env, capture_output=True, text=True)
+    assert collect.returncode == 0, collect.stdout + collect.stderr
+    assert "160 vLLM FA2 fp16 cases, 36 KV-view cases" in collect.stdout
+    summary = json.loads((tmp_path / "out" / "vllm-summary.json").read_text())
+    assert summary["imported_by_vllm_interface"] and summary["fa2patch_ops"]
