@@ -332,3 +332,69 @@ def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, 
     assert "160 vLLM FA2 fp16 cases, 36 KV-view cases" in collect.stdout
     summary = json.loads((tmp_path / "out" / "vllm-summary.json").read_text())
     assert summary["imported_by_vllm_interface"] and summary["fa2patch_ops"]
+
+
+# --- build --python ------------------------------------------------------------------------------
+
+FAKE_TORCH = '''__version__ = "{version}"
+class version:
+    cuda = {cuda!r}
+class _C:
+    _GLIBCXX_USE_CXX11_ABI = True
+    @staticmethod
+    def _cuda_getArchFlags():
+        return "{archs}"
+'''
+
+
+def fake_python(tmp_path, version, cuda, archs) -> Path:
+    """An interpreter whose `import torch` finds a stand-in reporting these facts (no such torch
+    is installed here): a wrapper that puts the stand-in first on PYTHONPATH."""
+    root = tmp_path / "fake-site"
+    (root / "torch" / "utils").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text(FAKE_TORCH.format(version=version, cuda=cuda, archs=archs))
+    (root / "torch" / "utils" / "__init__.py").write_text("")
+    (root / "torch" / "utils" / "cpp_extension.py").write_text(
+        "def include_paths():\n    return ['/nonexistent/include']\n"
+        "def library_paths():\n    return ['/nonexistent/lib']\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.mark.parametrize("version, cuda, archs, expected", [
+    ("2.12.0+cu128", "12.8", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+     ["torch 2.12.0+cu128", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"]),
+    ("2.9.1+cpu", None, "", ["torch 2.9.1+cpu", "is a CPU build"]),
+    ("2.11.0+cu130", "13.0", "sm_70 sm_80 sm_90", ["CUDA major version mismatch", "actual:   13.0"]),
+])
+def test_build_refuses_a_torch_that_cannot_serve_sm70(real_project, real_workspace, tmp_path, version, cuda,
+                                                      archs, expected):
+    require_toolchain()
+    python = fake_python(tmp_path, version, cuda, archs)
+    proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), check_rc=2)
+    assert all(e in proc.stderr for e in expected), proc.stderr
+    assert str(python) in proc.stderr or "CUDA major" in proc.stderr
+
+
+def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(built, wheel_python,
+                                                                               real_project):
+    """Another venv's interpreter (same torch, so the build is a no-op): the manifest names it and
+    verify loads the extension with it."""
+    try:
+        real_project.run("build", "--arch", "sm_70", "--python", str(wheel_python))
+        manifest = json.loads((built / "manifest.json").read_text())
+        assert manifest["torch"]["python"] == str(wheel_python)
+        assert manifest["torch"]["arch_list"][0] == "sm_70"
+        code = ("import json,sys; from pathlib import Path; from fa2patch import verify; "
+                "calls=[]; real=verify.probe_extension; "
+                "verify.probe_extension=lambda a,s,p: calls.append(p) or real(a,s,p); "
+                "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "
+                "print(json.dumps({'calls':calls,'ok':all(r.ok for r in rows)}))")
+        out = subprocess.run([sys.executable, "-c", code, str(built), str(real_project.root / "schemas" /
+                              "vllm_fa2_ops.toml"), str(real_project.root / "budgets.toml")],
+                             capture_output=True, text=True, check=True, env=real_project.env).stdout
+        assert json.loads(out.strip().splitlines()[-1]) == {"calls": [str(wheel_python)], "ok": True}
+    finally:
+        real_project.run("build", "--arch", "sm_70")

@@ -125,11 +125,11 @@ def torch_for_build(python: str, arch: str) -> dict:
         raise EnvironmentProblem(f"{python}: cannot import torch with this interpreter\n  install: "
                                  f"{toolchain.PIP_BUILD}")
     if not torch.get("cuda"):
-        raise EnvironmentProblem(f"torch {torch['version']} ({torch['python']}) is a CPU build: "
+        raise EnvironmentProblem(f"torch {torch['version']} ({python}) is a CPU build: "
                                  f"it cannot run {arch} kernels")
     if not toolchain.torch_runs_arch(torch, arch):
         raise EnvironmentProblem(
-            f"torch {torch['version']} ({torch['python']}) carries no {arch} code\n"
+            f"torch {torch['version']} ({python}) carries no {arch} code\n"
             f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
             f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}\n"
             "  (torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8; from 2.11 the CUDA 12.6 ones)")
@@ -152,13 +152,14 @@ class Plan:
 
 def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
          python: str = sys.executable) -> Plan:
-    torch = torch_for_build(python, arch)
+    # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
+    torch = {**torch_for_build(python, arch), "python": str(python)}
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
     comp = toolchain.choose_compiler(compiler_choice, arch, build_dir)
     cuda = ".".join(CUDA_VERSION) if comp.kind == "clang" else comp.version
     if cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]:
-        raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({torch['python']})",
+        raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({python})",
                                           f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
                                           torch["cuda"]) + "\n  (the extension and torch must share libcudart)")
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
