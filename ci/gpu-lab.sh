@@ -36,7 +36,7 @@ else
     f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
     rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
     f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; echo "[lab] smoke exit ${PIPESTATUS[0]}"
+    f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then
     FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \

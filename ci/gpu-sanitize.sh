@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck of every SM70 kernel family on small shapes, and of
-# bad inputs (which must be rejected before any SM70 kernel runs), on the lab machine.
+# the GPU suite's bad inputs marked for it (which must be rejected before any SM70 kernel runs),
+# on the lab machine; tests/gpu/sanitize_cases.py lists the cases.
 # memcheck runs each case in full (op, reference, checks); racecheck the op alone.
 # Run after ci/gpu-lab.sh has built build/sm_90. Writes $OUT/sanitize-<tool>.log per tool and
 # $OUT/sanitize-summary.json (per case and tool: family, exit status, verdict).
@@ -10,29 +11,10 @@ out=${OUT:-$PWD/lab-out}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH} FA2PATCH_FORCE_SM70=1
 so=build/sm_90/_vllm_fa2_C.abi3.so
-v=tests/gpu/sm70_cases.py    # varlen_fwd
-k=tests/gpu/kvcache_cases.py # fwd_kvcache
-# family|harness|spec
-cases=(
-  "gqa|$v|"'{"seqlens": [[1, 1], [37, 90], [0, 5], [5, 0]], "hq": 4, "hkv": 2, "d": 64, "causal": true}'
-  "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 32}'
-  "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 96, "causal": true}'
-  "head_dims|$v|"'{"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 192, "causal": true}'
-  "window|$v|"'{"seqlens": [[300, 700], [5, 400]], "hq": 2, "hkv": 1, "d": 64, "window": [150, 40]}'
-  "window|$v|"'{"seqlens": [[1, 40], [3, 77]], "hq": 8, "hkv": 1, "d": 128, "page_size": 16, "window": [16, 0]}'
-  "softcap_alibi|$v|"'{"seqlens": [[70, 70]], "hq": 6, "hkv": 1, "d": 256, "causal": true, "softcap": 30.0, "alibi": true}'
-  "split_kv|$v|"'{"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "num_splits": 4}'
-  "kvcache|$k|"'{"cache": [0, 15, 40], "seqlen_new": 1, "rotary_dim": 64, "page_size": 16, "num_splits": 3}'
-  "kvcache|$k|"'{"cache": [5, 40], "seqlen_q": 2, "seqlen_new": 2, "cache_batch_idx": true, "rotary_dim": 64, "interleaved": true, "hq": 4, "hkv": 4, "d": 64}'
-  "kvcache|$k|"'{"cache": [20, 40], "leftpad": [3, 0], "seqlen_q": 3, "hq": 4, "hkv": 2, "d": 128}'
-  "bad_input|$v|"'{"seqlens": [[1, 40], [1, 70]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "expect_error": true, "bad_block_table": [1, 4, -1]}'
-  "bad_input|$v|"'{"seqlens": [[8, 40]], "hq": 4, "hkv": 2, "d": 264, "expect_error": true}'
-  "bad_input|$v|"'{"seqlens": [[8, 40], [4, 20]], "bad_cu_seqlens_k": [0, 40, 61], "expect_error": true}'
-  "bad_input|$v|"'{"seqlens": [[1, 40], [1, 70]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "bad_seqused_k": [40, 81], "expect_error": true}'
-  "bad_input|$v|"'{"seqlens": [[8, 40], [4, 20]], "misaligned": "k", "expect_error": true}'
-  "bad_input|$k|"'{"cache": [5, 20], "capacity": 20, "seqlen_new": 1, "expect_error": true}'
-  "bad_input|$k|"'{"cache": [5, 20], "seqlen_new": 1, "cache_batch_idx": true, "bad_cache_batch_idx": [0, 4], "expect_error": true}'
-)
+# family|harness|spec, one case a line: small shapes of every kernel family, and the GPU suite's
+# bad inputs that it marks for the sanitizer (tests/gpu/sanitize_cases.py).
+mapfile -t cases < <(python3 tests/gpu/sanitize_cases.py)
+[ ${#cases[@]} -gt 0 ] || { echo "[sanitize] tests/gpu/sanitize_cases.py listed no case" >&2; exit 2; }
 results=$out/sanitize-results.jsonl
 : >"$results"
 run_one() {  # tool index

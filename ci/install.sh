@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
 # Install everything fa2patch needs, from Debian's packages and the Python package index.
 # Idempotent: a second run installs nothing new. Creates the virtual environment .venv/.
+# The versions come from pyproject.toml's `build` extra and baseline.lock's [toolchain].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+# torch and the CUDA 12 wheels: the `build` extra in pyproject.toml (`fa2patch check` compares
+# it with baseline.lock).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[build,test]'
+pin() {  # a [toolchain] field of baseline.lock
+    .venv/bin/python -c 'import sys; from fa2patch.lockfile import Lock
+print(getattr(Lock.load("baseline.lock").toolchain, sys.argv[1]))' "$1"
+}
+clang_major=$(pin clang)
+
 apt_missing=()
-command -v clang++-22 >/dev/null || apt_missing+=(clang-22)
+command -v "clang++-$clang_major" >/dev/null || apt_missing+=("clang-$clang_major")
 command -v ccache >/dev/null || apt_missing+=(ccache)
 command -v git >/dev/null || apt_missing+=(git)
 command -v c++filt >/dev/null || apt_missing+=(binutils)
@@ -16,9 +27,6 @@ if ((${#apt_missing[@]})); then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
 fi
 
-[ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
-# torch 2.9.1 (CUDA 12.8 build) and the CUDA 12.8 wheels: see the `build` extra in pyproject.toml.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[build,test]'
-# fatbinary only: the CUDA 12 wheels lack it, CUDA 13's accepts sm_70 images (baseline.lock).
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps nvidia-cuda-nvcc==13.0.88
+# fatbinary only: the CUDA 12 wheels lack it, CUDA 13's accepts sm_70 images.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "$(pin fatbinary_wheel)"
 echo "[install] ok: $(.venv/bin/fa2patch --version)"

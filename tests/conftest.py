@@ -4,14 +4,23 @@ from pathlib import Path
 
 import pytest
 
-from helpers import IDENTITY, MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest
+from helpers import MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest
+
+
+def toolchain_table() -> str:
+    """This repository's [toolchain] table, as TOML text."""
+    import tomlkit
+
+    return tomlkit.dumps({"toolchain": tomlkit.parse((REPO / "baseline.lock").read_text())["toolchain"]})
 
 
 @pytest.fixture
 def mini(tmp_path) -> MiniProject:
-    """A small project whose baseline is a tiny archive, with an empty patch series."""
+    """A small project whose baseline is a tiny archive, with an empty patch series (and this
+    repository's toolchain pins and pyproject.toml)."""
     root = tmp_path / "proj"
     (root / "patches").mkdir(parents=True)
+    (root / "pyproject.toml").write_bytes((REPO / "pyproject.toml").read_bytes())
     archive = tmp_path / "mini-1.0.tar.gz"
     members = [tarfile.TarInfo("mini-1.0")]
     members[0].type, members[0].mode = tarfile.DIRTYPE, 0o755
@@ -19,7 +28,7 @@ def mini(tmp_path) -> MiniProject:
     make_tar(archive, members)
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
     (root / "baseline.lock").write_text(f'''# test lock
-format = 1
+format = 2
 
 [baseline]
 project = "mini"
@@ -31,11 +40,7 @@ top_dir = "mini-1.0"
 tree_digest = "{reference_digest(MINI_FILES)}"
 files = {len(MINI_FILES)}
 
-[workspace]
-name = "{IDENTITY[0]}"
-email = "{IDENTITY[1]}"
-date = "{IDENTITY[2]}"
-''')
+''' + toolchain_table())
     return MiniProject(root, tmp_path / "cache", archive)
 
 
@@ -48,7 +53,7 @@ def real_project(tmp_path_factory) -> MiniProject:
 
     root = tmp_path_factory.mktemp("real") / "proj"
     root.mkdir()
-    for name in ("baseline.lock", "budgets.toml"):
+    for name in ("baseline.lock", "budgets.toml", "pyproject.toml"):
         shutil.copy(REPO / name, root / name)
     for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)

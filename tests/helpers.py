@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-IDENTITY = ("fa2patch-test", "test@localhost", "2025-01-01T00:00:00+00:00")
 
 
 def reference_digest(files: dict[str, tuple[int, bytes]]) -> str:
@@ -37,6 +36,7 @@ def file_member(name: str, data: bytes, mode: int = 0o644) -> tuple[tarfile.TarI
 
 
 MINI_FILES = {
+    "PKG-INFO": (0o644, b"Metadata-Version: 2.1\nName: mini\nVersion: 1.0\n"),
     "README": (0o644, b"mini baseline\n"),
     "src/kernel.cu": (0o644, b"// kernel\nint a = 1;\nint b = 2;\nint c = 3;\n"),
     "src/api.cpp": (0o644, b"#include <x>\n\nvoid f() {\n  return;\n}\n"),
@@ -72,11 +72,20 @@ class MiniProject:
                               capture_output=True, text=True).stdout
 
 
+def locked_toolchain():
+    """This repository's [toolchain] pins."""
+    from fa2patch.lockfile import Lock
+
+    return Lock.load(REPO / "baseline.lock").toolchain
+
+
 def require_toolchain():
     """Skip without the sm_70 toolchain, unless CI demands it (FA2PATCH_REQUIRE_TOOLCHAIN=1)."""
     from fa2patch import toolchain
 
-    missing = [n for n, ok in (("clang++-22", toolchain.find_clang()), ("fatbinary", toolchain.find_fatbinary()),
+    pins = locked_toolchain()
+    missing = [n for n, ok in ((f"clang++-{pins.clang}", toolchain.find_clang(pins.clang)),
+                               ("fatbinary", toolchain.find_fatbinary()),
                                ("nvidia-cuda-nvcc-cu12", toolchain.nvidia_wheel_dir("cuda_nvcc")),
                                ("cuobjdump", toolchain.find_cuda12_binutil("cuobjdump"))) if not ok]
     if missing:

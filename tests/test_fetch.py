@@ -98,3 +98,34 @@ def test_offline_sdist_is_verified(mini, tmp_path):
     assert str(bad) in proc.stderr and "expected" in proc.stderr
     missing = mini.run("fetch", "--sdist", str(tmp_path / "nope.tar.gz"), "--force", check_rc=2)
     assert "nope.tar.gz: --sdist file not found" in missing.stderr
+
+
+def _tampered_copy(mini, tmp_path):
+    """The archive with one byte flipped (same size), and the two hashes."""
+    good = mini.archive.read_bytes()
+    bad = tmp_path / "tampered" / mini.archive.name
+    bad.parent.mkdir()
+    bad.write_bytes(good[:200] + bytes([good[200] ^ 1]) + good[201:])
+    return bad, hashlib.sha256(good).hexdigest(), hashlib.sha256(bad.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("command", ["fetch", "replay"])
+def test_a_named_sdist_is_verified_even_when_the_cache_holds_the_archive(mini, tmp_path, command):
+    mini.run("fetch", "--sdist", str(mini.archive))
+    cached = mini.cache / "archives" / "mini-1.0.tar.gz"
+    bad, good_sha, bad_sha = _tampered_copy(mini, tmp_path)
+    proc = mini.run(command, "--sdist", str(bad), check_rc=1)
+    assert str(bad) in proc.stderr and good_sha in proc.stderr and bad_sha in proc.stderr
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == good_sha  # the cache is untouched
+    assert not mini.workspace.exists()
+
+
+def test_a_named_sdist_is_used_instead_of_a_bad_cached_archive(mini, tmp_path):
+    cached = mini.cache / "archives" / "mini-1.0.tar.gz"
+    bad, good_sha, _ = _tampered_copy(mini, tmp_path)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(bad.read_bytes())
+    assert "sha256 mismatch" in mini.run("replay", check_rc=1).stderr
+    mini.run("replay", "--sdist", str(mini.archive))
+    assert hashlib.sha256(cached.read_bytes()).hexdigest() == good_sha
+    assert (mini.workspace / "README").read_text() == "mini baseline\n"

@@ -1,17 +1,22 @@
-import tomllib
+"""The toolchain pins have one home, baseline.lock: the install script reads them from there."""
 
-from helpers import REPO
+import re
 
-
-def test_lock_toolchain_pins_match_pyproject_build_extra():
-    lock = tomllib.loads((REPO / "baseline.lock").read_text())["toolchain"]
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["build"]
-    assert f"torch=={lock['torch']}" in extra
-    for wheel in lock["wheels"]:
-        assert wheel in extra
-    assert lock["cuda"] == "12.8" and all("12.8" in w for w in lock["wheels"])
+from helpers import REPO, locked_toolchain
 
 
-def test_install_script_uses_the_locked_fatbinary_wheel():
-    lock = tomllib.loads((REPO / "baseline.lock").read_text())["toolchain"]
-    assert lock["fatbinary_wheel"] in (REPO / "ci" / "install.sh").read_text()
+def test_install_script_takes_the_fatbinary_and_clang_pins_from_the_lock():
+    script = (REPO / "ci" / "install.sh").read_text()
+    pins = locked_toolchain()
+    assert pins.fatbinary_wheel not in script and "13.0.88" not in script
+    assert not re.search(r"clang(\+\+)?-\d", script), "the clang version is retyped in ci/install.sh"
+    assert "fatbinary_wheel" in script and "clang" in script
+
+
+def test_check_compares_the_pins_with_pyproject(mini):
+    """`check` passes with this repository's pyproject.toml and fails on a changed `build` extra."""
+    assert "toolchain pins" in mini.run("check").stdout
+    pyproject = mini.root / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"torch==2.9.1"', '"torch==2.9.0"'))
+    proc = mini.run("check", check_rc=1)
+    assert str(pyproject) in proc.stdout and "torch==2.9.0" in proc.stdout and "torch==2.9.1" in proc.stdout

@@ -20,7 +20,8 @@ def test_replay_is_deterministic_and_matches_the_lock(real_project, real_workspa
     assert real_project.git("log", "--format=%H %s", cwd=again) == first
     assert len(first.splitlines()) == 1 + len(lock["patches"])
     check = json.loads(real_project.run("check", "--json").stdout)
-    assert all(f["ok"] for f in check) and any(f["item"] == "workspace" for f in check)
+    assert check["ok"] and all(f["ok"] for f in check["findings"])
+    assert {"workspace", "toolchain pins", "archive"} <= {f["item"] for f in check["findings"]}
 
 
 def test_replay_then_export_is_a_byte_identical_round_trip(real_project, real_workspace):
@@ -34,8 +35,12 @@ def test_replay_then_export_is_a_byte_identical_round_trip(real_project, real_wo
 
 @pytest.fixture(scope="module")
 def built_sm70(real_project, real_workspace):
+    """The sm_70 build; with --json its stdout is one JSON object (ninja and the compiler write to
+    stderr)."""
     require_toolchain()
-    real_project.run("build", "--arch", "sm_70")
+    proc = real_project.run("build", "--arch", "sm_70", "--json")
+    result = json.loads(proc.stdout)
+    assert result["ok"] and result["manifest"]["arch"] == "sm_70"
     return real_project.root / "build" / "sm_70"
 
 
@@ -57,8 +62,21 @@ def test_sm70_build_writes_extension_and_manifest(built_sm70, real_project):
 
 def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
     proc = real_project.run("verify", "--arch", "sm_70", "--json")
-    rows = {r["name"]: r for r in json.loads(proc.stdout)["rows"]}
-    assert rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
+    result = json.loads(proc.stdout)
+    rows = {r["name"]: r for r in result["rows"]}
+    assert result["ok"] and rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
+
+
+def test_verify_and_report_find_the_same_launch_for_every_kernel(built_sm70, real_project):
+    """Both match build_info()'s kernels to the binary's with the same globs: every kernel verify
+    checked with a launch has an occupancy in the report, computed with the same shared memory."""
+    rows = json.loads(real_project.run("verify", "--arch", "sm_70", "--json").stdout)["rows"]
+    shared = {r["name"]: r["numbers"]["shared"] for r in rows if r["kind"] == "kernel"}
+    report = json.loads(real_project.run("report", "--arch", "sm_70", "--json").stdout)
+    assert report["ok"] and {k["kernel"] for k in report["kernels"]} == set(shared)
+    for k in report["kernels"]:
+        assert k["occupancy"] is not None, k["kernel"]
+        assert k["occupancy"]["shared_bytes"] == shared[k["kernel"]], k["kernel"]
 
 
 def test_verify_fails_on_a_schema_that_differs(built_sm70, real_project):

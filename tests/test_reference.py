@@ -91,3 +91,31 @@ def test_chunked_reference_equals_the_whole(sq, sk, alibi):
     assert torch.allclose(whole[1][torch.isfinite(whole[1])], chunked[1][torch.isfinite(chunked[1])], atol=1e-5)
     with pytest.raises(ValueError, match="right window of 0"):
         attention_ref_chunked(q, k, v, 0.25, False, max_elems=4 * sk * 7)
+
+
+def test_the_contract_thresholds_are_the_documented_ones():
+    """docs/DESIGN.md §7, written down here: relative L2 1e-3, softmax_lse 1e-3 absolute, FA2's bar
+    2 x the fp16 error + 1e-5; bench's envelope 1e-3 max abs, 1e-2 relative L2."""
+    from fa2patch import numerics
+
+    assert (numerics.REL_L2_MAX, numerics.LSE_ABS_MAX) == (1e-3, 1e-3)
+    assert numerics.fa2_bar(0.25) == 0.5 + 1e-5
+    assert numerics.BENCH_ENVELOPE == {"max_abs": 1e-3, "rel_l2": 1e-2}
+    assert numerics.meets_contract(0.5, 0.5 + 1e-5, 1e-3, True)
+    assert not numerics.meets_contract(0.51, 0.5 + 1e-5, 1e-4, True)
+    assert not numerics.meets_contract(0.1, 0.5, 1.1e-3, True)
+    assert not numerics.meets_contract(0.1, 0.5, 1e-4, False)
+
+
+def test_no_module_restates_a_threshold():
+    """The thresholds live in fa2patch.numerics only: the harnesses, bench, smoke and the
+    reference import them."""
+    import re
+
+    from helpers import REPO
+
+    files = [REPO / "tools" / "fa2patch" / n for n in ("reference.py", "bench.py", "smoke.py")]
+    files += [REPO / "tests" / "gpu" / n for n in ("sm70_cases.py", "kvcache_cases.py", "test_sm70_numerics.py")]
+    for f in files:
+        text = f.read_text()
+        assert not re.search(r"[<>]=?\s*1e-[235]\b|\b1e-[35]\s*[<>]|\+ 1e-5", text), f

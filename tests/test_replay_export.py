@@ -1,6 +1,8 @@
 """replay/export/check on a small baseline: determinism, round trip, tampering, atomicity."""
 
+import hashlib
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,18 @@ def _commits(mini, ws=None):
     return mini.git("log", "--format=%H", cwd=ws).split()
 
 
+def _rewrite_patch(mini, index: int, edit) -> Path:
+    """Rewrite patch ``index`` (0-based) with ``edit(text)`` and re-lock its sha256, as a hand
+    edit that also updated the lock would."""
+    entry = tomllib.loads((mini.root / "baseline.lock").read_text())["patches"][index]
+    patch = mini.root / "patches" / entry["file"]
+    text = edit(patch.read_text())
+    patch.write_text(text)
+    lock = mini.root / "baseline.lock"
+    lock.write_text(lock.read_text().replace(entry["sha256"], hashlib.sha256(text.encode()).hexdigest()))
+    return patch
+
+
 def test_replay_from_empty_cache_then_idempotent(mini):
     proc = mini.run("replay", "--sdist", str(mini.archive))
     assert "created" in proc.stdout
@@ -42,7 +56,9 @@ def test_export_writes_numbered_patches_and_lock(series):
     assert [p["file"] for p in lock["patches"]] == names
     assert lock["baseline"]["project"] == "mini" and "# test lock" in (series.root / "baseline.lock").read_text()
     text = (series.root / "patches" / names[0]).read_text()
-    assert text.startswith("From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\ndiff --git")
+    assert text.startswith("From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\n"
+                           " src/kernel.cu | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)\n\n"
+                           "diff --git a/src/kernel.cu b/src/kernel.cu\n")
     assert "Date" not in text and "2.39" not in text  # no dates, no git version signature
 
 
@@ -111,14 +127,8 @@ def test_diverging_workspace_is_refused(series):
 
 
 def test_patch_that_does_not_apply_leaves_nothing_behind(series):
-    # Make 0002 conflict with the pristine tree: rewrite its context by hand, re-lock its hash.
-    import hashlib
-    patch = series.root / "patches" / "0001-first-change.patch"
-    text = patch.read_text().replace(" int b = 2;", " int b = 20;")
-    patch.write_text(text)
-    lock = series.root / "baseline.lock"
-    old = tomllib.loads(lock.read_text())["patches"][0]["sha256"]
-    lock.write_text(lock.read_text().replace(old, hashlib.sha256(text.encode()).hexdigest()))
+    # Make 0001 conflict with the pristine tree: rewrite its context by hand, re-lock its hash.
+    _rewrite_patch(series, 0, lambda text: text.replace(" int b = 2;", " int b = 20;"))
     target = series.root / "fresh"
     proc = series.run("replay", "--workspace", str(target), check_rc=1)
     assert "does not apply cleanly" in proc.stderr and "0001-first-change.patch" in proc.stderr
@@ -137,3 +147,34 @@ def test_missing_patch_fails_replay_and_check(series):
     proc = series.run("replay", "--force", check_rc=1)
     assert "0002-second-add-a-file.patch: listed in baseline.lock but missing" in proc.stderr
     assert "listed in the lock but missing" in series.run("check", check_rc=1).stdout
+
+
+def test_export_refuses_an_empty_commit_naming_it(series):
+    before = {p.name: p.read_bytes() for p in (series.root / "patches").iterdir()}
+    series.git("commit", "-q", "--allow-empty", "-m", "Nothing at all")
+    empty = series.git("rev-parse", "HEAD").strip()
+    proc = series.run("export", check_rc=1)
+    assert empty[:12] in proc.stderr and "'Nothing at all'" in proc.stderr and "changes no file" in proc.stderr
+    assert {p.name: p.read_bytes() for p in (series.root / "patches").iterdir()} == before
+    check = series.run("check", check_rc=1)
+    assert empty[:12] in check.stdout
+
+
+def test_hand_edited_diffstat_fails_replay(series):
+    patch = _rewrite_patch(series, 0, lambda text: text.replace(" src/kernel.cu | 2 +-\n",
+                                                                " src/kernel.cu | 3 ++-\n"))
+    proc = series.run("replay", "--force", check_rc=1)
+    assert str(patch) in proc.stderr and "diffstat" in proc.stderr
+    assert "src/kernel.cu | 2 +-" in proc.stderr and "src/kernel.cu | 3 ++-" in proc.stderr
+
+
+def test_patch_without_diffstat_replays_and_check_asks_for_an_export(series):
+    """Patches exported before diffstats existed still replay; check says the export differs."""
+    def drop_diffstat(text):
+        head, _, diff = text.partition("---\n")
+        return head + "---\n" + diff[diff.index("diff --git"):]
+
+    _rewrite_patch(series, 1, drop_diffstat)
+    series.run("replay", "--force")
+    check = series.run("check", check_rc=1)
+    assert "0002-second-add-a-file.patch: differs from what the workspace exports" in check.stdout

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from helpers import require_toolchain
+from helpers import locked_toolchain, require_toolchain
 from fa2patch import sass, toolchain
 from fa2patch.build import clang_cuda_flags
 from fa2patch.verify import check_kernels
@@ -34,14 +34,15 @@ TINY = textwrap.dedent(f"""
 def clang_cuda(tmp_path_factory):
     require_toolchain()
     d = tmp_path_factory.mktemp("cuda")
-    return toolchain.find_clang(), toolchain.assemble_cuda_path(d / "cuda-12.8")
+    pins = locked_toolchain()
+    return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
 
 
 def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
     clang, cuda = clang_cuda
     src, obj = tmp_path / "k.cu", tmp_path / "k.o"
     src.write_text(source)
-    flags = clang_cuda_flags("sm_70", cuda)
+    flags = clang_cuda_flags("sm_70", cuda, locked_toolchain().cuda)
     if not macros:
         flags = [f for f in flags if "__CUDACC_VER" not in f]
     proc = subprocess.run([str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
@@ -77,7 +78,7 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     obj, log = compile_cu(clang_cuda, TINY, tmp_path)
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\nmax_registers = 255\n[[kernel]]\npattern = 'three_mma*'\nmax_registers = 8\n")
-    launches = {"three_mma": (32, 0), "no_mma": (32, 0)}
+    launches = {"three_mma*": (32, 0), "no_mma*": (32, 0)}
     rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["*_mma*"]), obj, budgets, launches)}
     assert not rows["three_mma"].ok and "registers expected <= 8" in rows["three_mma"].detail
     assert not rows["no_mma"].ok and "without HMMA" in rows["no_mma"].detail
@@ -86,7 +87,7 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     assert all(r.ok for r in rows), rows
     # Dynamic shared memory counts against the budget; a tensor-core kernel needs its launch.
     rows = {r.name.split("(")[0]: r for r in check_kernels(
-        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma": (32, 100 * 1024)})}
+        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma*": (32, 100 * 1024)})}
     assert not rows["three_mma"].ok and "actual 102400" in rows["three_mma"].detail
     rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, {})}
     assert "no launch configuration" in rows["three_mma"].detail
@@ -115,7 +116,7 @@ CUTE_MMA = textwrap.dedent("""
 
 
 def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path, real_workspace):
-    """DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
+    """docs/DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
     inc = f"-I{real_workspace / 'csrc' / 'cutlass' / 'include'}"
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     good, good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
@@ -127,7 +128,7 @@ def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path
     assert f.hmma == 0 and f.traps > 0
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\n")
-    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets, {"cute_mma": (32, 0)})
+    (row,) = check_kernels(_manifest(bad_log, ["cute_mma*"]), bad, budgets, {"cute_mma*": (32, 0)})
     assert not row.ok and "without HMMA" in row.detail and "trap" in row.detail
 
 
@@ -201,3 +202,27 @@ def test_report_on_the_tiny_kernel_counts_its_hmma(clang_cuda, tmp_path):
     assert loop["mix"]["hmma"] == 8 and loop["cycles"]["tensor"] == 8 * 8 * 2
     assert k["warps_per_subpartition"] == 8
     assert rows["no_mma"]["hot_loops"] == []
+
+
+def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
+    name = "void fa2patch::sm70::flash_fwd_sm70_kernel<256>(flash::Flash_fwd_params)"
+    assert sass.kernel_matches(name, "*flash_fwd_sm70_kernel<256>*")
+    assert not sass.kernel_matches(name, "*flash_fwd_sm70_kernel<25>*")
+    assert not sass.kernel_matches(name, "flash_fwd_sm70_kernel*")      # a glob covers the whole name
+    assert not sass.kernel_matches(name, "*FLASH_FWD*")                 # case-sensitive
+    assert not sass.kernel_matches("_Z21flash_fwd_sm70_kernelILi256EEv", "*flash_fwd_sm70_kernel<256>*")
+    table = {"*kernel<128>*": "a", "*kernel*": "b"}
+    assert sass.first_match(name, table) == "b" and sass.first_match(name.replace("256", "128"), table) == "a"
+    assert sass.first_match("other", table, "default") == "default"
+    glob = sass.name_part_glob("k[1]*?")  # build_info()'s name parts are literal text
+    assert sass.kernel_matches("void k[1]*?(int)", glob) and not sass.kernel_matches("void k1x(int)", glob)
+
+
+def test_verify_takes_launches_from_build_info_by_name_part():
+    from fa2patch.verify import launches_of
+
+    info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
+    launches = launches_of(info)
+    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<32>(flash::Flash_fwd_params)",
+                            launches) == (128, 15360)
+    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<320>(Params)", launches) is None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, require_toolchain
+from helpers import REPO, locked_toolchain, require_toolchain
 
 PROBE = Path(__file__).with_name("vllm_gate_probe.py")
 YES = {"is_fa2_supported": [True, None], "get_flash_attn_version": 2, "supports_compute_capability": True}
@@ -240,7 +240,8 @@ def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
     from fa2patch import toolchain
 
     root = tmp_path_factory.mktemp("vllm-cmake")
-    cuda = toolchain.assemble_cuda_path(root / "cuda-12.8")
+    pins = locked_toolchain()
+    cuda = toolchain.assemble_cuda_path(root / "cuda", pins)
     (root / "project").mkdir()
     (root / "project" / "CMakeLists.txt").write_text(VLLM_LIKE)
     build, prefix = root / "build", vllm_src.parent / "installed"
@@ -248,7 +249,7 @@ def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
     launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={toolchain.find_ccache()}"] if toolchain.find_ccache() else []
     env = {**os.environ, "VLLM_FLASH_ATTN_SRC_DIR": str(tree)}
     steps = [["cmake", "-S", str(root / "project"), "-B", str(build), "-G", "Ninja",
-              f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}", f"-DCMAKE_CXX_COMPILER={toolchain.find_clang()}",
+              f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}", f"-DCMAKE_CXX_COMPILER={toolchain.find_clang(pins.clang)}",
               *launcher, f"-DVLLM_CMAKE={vllm_src / 'cmake'}", f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
               f"-DFA2PATCH_CUDA_PATH={cuda}"],
              # setup.py's build_extensions: one build of every extension target, then one install

@@ -65,6 +65,7 @@ try:
 except Exception as exc:
     result = {"raised": type(exc).__name__, "message": str(exc).splitlines()[0]}
 result["out_untouched"] = bool((out == 7.0).all())
+result["out_finite"] = bool(torch.isfinite(out).all())
 torch.cuda.synchronize()  # the process and the device are still usable after the error
 print(json.dumps(result))
 """

@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
+from fa2patch import numerics  # noqa: E402
 from sm70_cases import _first_line, error_of, fa2_mask, run_op_only, run_script, with_defaults  # noqa: E402
 
 DEFAULTS = {
@@ -258,7 +259,8 @@ def run_numerics(op, spec, x) -> dict:
     result.update(worst)
     result["rel_l2"] = math.sqrt(num) / max(math.sqrt(den), 1e-30)
     result["finite"] = bool(torch.isfinite(out.float()).all())
-    result["ok"] = bool(ok and result["finite"] and result["rel_l2"] <= 1e-3 and worst["lse_max_err"] <= 1e-3
+    result["ok"] = bool(ok and result["finite"] and result["rel_l2"] <= numerics.REL_L2_MAX
+                        and worst["lse_max_err"] <= numerics.LSE_ABS_MAX
                         and result["guard_ok"] and result["returns_out"] and result["inputs_unchanged"]
                         and result["cache_ok"] and result.get("deterministic", True))
     return result

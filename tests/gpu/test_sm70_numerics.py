@@ -1,9 +1,10 @@
-"""The numerics contract of the SM70 route (DESIGN.md section 7), on any GPU.
+"""The numerics contract of the SM70 route (docs/DESIGN.md §7), on any GPU.
 
 Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=1 (a crash or a
 CUDA fault in one case cannot take the others down) and compares ``varlen_fwd``, called the way
 vLLM calls it (22 positional arguments, results in a NaN-filled ``out``), against the FP32
-reference: FA2's bar, relative L2 <= 1e-3, finite outputs, softmax_lse within 1e-3, and bitwise
+reference with the thresholds of ``fa2patch.numerics``: FA2's bar, relative L2, finite outputs,
+softmax_lse, and bitwise
 determinism where a case asks for it. The small cases are started up front, a few at a time
 (FA2PATCH_GPU_JOBS, default 6), because a subprocess spends most of its time importing torch.
 Cases marked ``slow`` run with FA2PATCH_SLOW=1. Every result goes to the session's numerics
@@ -22,13 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from fa2patch.numerics import LSE_ABS_MAX, REL_L2_MAX
+
 SCRIPT = Path(__file__).with_name("sm70_cases.py")             # varlen_fwd cases
 KVCACHE_SCRIPT = Path(__file__).with_name("kvcache_cases.py")  # fwd_kvcache cases
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 FORCE = {"FA2PATCH_FORCE_SM70": "1"}
 TIMEOUT_S = 300
 SLOW_TIMEOUT_S = 3600
-LSE_TOL = 1e-3
 # A typed error from a check (TORCH_CHECK and friends). torch.AcceleratorError (a CUDA fault
 # surfacing at a synchronisation) is not one: it means the kernel already misbehaved.
 TYPED_ERRORS = {"RuntimeError", "ValueError", "TypeError", "IndexError", "NotImplementedError"}
@@ -42,6 +44,7 @@ class Case:
     slow: bool = False
     expect: dict = field(default_factory=dict)  # bad-input cases: what the error must look like
     script: Path = SCRIPT
+    sanitize: bool = False  # also run under compute-sanitizer (ci/gpu-sanitize.sh, sanitize_cases.py)
 
     @property
     def id(self) -> str:
@@ -231,7 +234,8 @@ kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, 
 kv_case("determinism-paged-append-s4", cache=[1000, 4097, 17], seqlen_new=1, page_size=16, num_splits=4,
         rotary_dim=64, repeats=10)
 
-# The reference workload's endpoints (DESIGN.md section 4, patch 0003): Q=8000 new tokens.
+# The endpoints of the reference long-prefill workload (docs/DESIGN.md §4, the target of patch
+# 0003), through the routes this build has: Q=8000 new tokens.
 for kv in (40000, 128000):
     for page in (None, 16):
         case("workload", f"q8000-kv{kv}-{'paged16' if page else 'contig'}", slow=True,
@@ -242,12 +246,14 @@ for kv in (40000, 128000):
 BAD: list[Case] = []
 
 
-def bad(name, expect, **spec):
-    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec}, expect=expect))
+def bad(name, expect, sanitize=False, **spec):
+    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec}, expect=expect,
+                    sanitize=sanitize))
 
 
 for d in (264, 260, 36):
-    bad(f"head-dim-{d}", {"out_untouched": True, "message": "head"}, seqlens=[(8, 40)], hq=4, hkv=2, d=d)
+    bad(f"head-dim-{d}", {"out_untouched": True, "message": "head"}, sanitize=d == 264, seqlens=[(8, 40)],
+        hq=4, hkv=2, d=d)
 bad("head-dim-264-decode", {"out_untouched": True, "message": "head"}, seqlens=[(1, 40), (1, 9)], hq=8,
     hkv=2, d=264, causal=True, page_size=16)
 bad("hq6-hkv4-prefill", {"out_untouched": True}, seqlens=[(8, 40)], hq=6, hkv=4, d=64)
@@ -256,8 +262,8 @@ bad("hq2-hkv4", {"out_untouched": True}, seqlens=[(8, 40)], hq=2, hkv=4, d=64)
 for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "int32-max")):
     bad(f"block-table-{label}-prefill", {}, seqlens=[(8, 40), (4, 20)], hq=4, hkv=2, d=64, causal=True,
         page_size=16, bad_block_table=[0, 1, value])
-    bad(f"block-table-{label}-decode", {}, seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, causal=True,
-        page_size=16, bad_block_table=[1, 4, value])
+    bad(f"block-table-{label}-decode", {}, sanitize=value == -1, seqlens=[(1, 40), (1, 70)], hq=8, hkv=2,
+        d=128, causal=True, page_size=16, bad_block_table=[1, 4, value])
 
 
 # Index tensors out of range, and strides the kernels cannot read with 16-byte vectors.
@@ -265,11 +271,11 @@ bad("cu-seqlens-q-decreasing", {"out_untouched": True, "message": "cu_seqlens_q"
     seqlens=[(8, 40), (4, 20), (6, 9)], bad_cu_seqlens_q=[0, 8, 6, 18])
 bad("cu-seqlens-q-beyond-q", {"out_untouched": True, "message": "cu_seqlens_q"},
     seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_q=[0, 8, 13])
-bad("cu-seqlens-k-beyond-k", {"out_untouched": True, "message": "cu_seqlens_k"},
+bad("cu-seqlens-k-beyond-k", {"out_untouched": True, "message": "cu_seqlens_k"}, sanitize=True,
     seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[0, 40, 61])
 bad("cu-seqlens-k-negative", {"out_untouched": True, "message": "cu_seqlens_k"},
     seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[-5, 40, 60])
-bad("seqused-k-beyond-paged-cache", {"out_untouched": True, "message": "seqused_k"},
+bad("seqused-k-beyond-paged-cache", {"out_untouched": True, "message": "seqused_k"}, sanitize=True,
     seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[40, 81])
 bad("seqused-k-beyond-contiguous-keys", {"out_untouched": True, "message": "seqused_k"},
     seqlens=[(8, 40), (4, 20)], bad_seqused_k=[41, 20])
@@ -277,19 +283,21 @@ bad("seqused-k-negative", {"out_untouched": True, "message": "seqused_k"},
     seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[-1, 70])
 bad("misaligned-q-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)],
     misaligned="q")
-bad("misaligned-k-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)],
-    misaligned="k")
+bad("misaligned-k-strides", {"out_untouched": True, "message": "aligned"}, sanitize=True,
+    seqlens=[(8, 40), (4, 20)], misaligned="k")
 
 
-def kv_bad(name, expect, **spec):
+def kv_bad(name, expect, sanitize=False, **spec):
     BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec},
-                    expect={"out_untouched": True, "cache_untouched": True, **expect}, script=KVCACHE_SCRIPT))
+                    expect={"out_untouched": True, "cache_untouched": True, **expect}, script=KVCACHE_SCRIPT,
+                    sanitize=sanitize))
 
 
-kv_bad("kvcache-append-beyond-cache", {"message": "exceed"}, cache=[5, 20], capacity=20, seqlen_new=1)
+kv_bad("kvcache-append-beyond-cache", {"message": "exceed"}, sanitize=True, cache=[5, 20], capacity=20,
+       seqlen_new=1)
 kv_bad("kvcache-seqlens-negative", {"message": "exceed"}, cache=[5, 20], bad_seqlens_k=[5, -1])
-kv_bad("kvcache-cache-batch-idx-out-of-range", {"message": "cache_batch_idx"}, cache=[5, 20], seqlen_new=1,
-       cache_batch_idx=True, bad_cache_batch_idx=[0, 4])
+kv_bad("kvcache-cache-batch-idx-out-of-range", {"message": "cache_batch_idx"}, sanitize=True, cache=[5, 20],
+       seqlen_new=1, cache_batch_idx=True, bad_cache_batch_idx=[0, 4])
 kv_bad("kvcache-leftpad-beyond-seqlens", {"message": "leftpad"}, cache=[5, 20], bad_leftpad=[6, 0])
 kv_bad("kvcache-rotary-table-short", {"message": "rotary"}, cache=[5, 20], seqlen_new=1, rotary_dim=64,
        rotary_rows=20)
@@ -397,9 +405,10 @@ def test_numerics(c: Case, runner, numerics_summary):
     assert r["guard_ok"], f"the op wrote outside out\n{where}"
     assert r["inputs_unchanged"], f"the op modified q, k or v\n{where}"
     assert r["finite"], f"non-finite output (NaN left in out, or inf)\n{where}"
-    assert r["lse_max_err"] <= LSE_TOL, f"softmax_lse off by {r['lse_max_err']}\n{where}"
+    assert r["lse_max_err"] <= LSE_ABS_MAX, f"softmax_lse off by {r['lse_max_err']}\n{where}"
     assert r["ratio"] <= 1.0, f"max|out-ref| above FA2's bar (ratio = max over sequences)\n{where}"
-    assert r["rel_l2"] <= 1e-3 and r["rel_l2_worst_seq"] <= 1e-3, f"relative L2 above 1e-3\n{where}"
+    assert r["rel_l2"] <= REL_L2_MAX and r["rel_l2_worst_seq"] <= REL_L2_MAX, \
+        f"relative L2 above {REL_L2_MAX}\n{where}"
     if "cache_ok" in r:
         assert r["cache_ok"], f"the KV cache after the call is not the cache with the appended rows\n{where}"
     if c.spec.get("repeats", 1) > 1:

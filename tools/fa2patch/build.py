@@ -5,7 +5,6 @@ defines, include folders, which kernels must use tensor cores). This module turn
 ``build.ninja`` for the chosen compiler route, runs it, and writes ``manifest.json``.
 """
 
-import fnmatch
 import json
 import os
 import shlex
@@ -19,10 +18,10 @@ from pathlib import Path
 from . import __version__, sass, toolchain
 from .digest import sha256_file, tree_digest
 from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError, mismatch
+from .lockfile import Toolchain
 
 DESCRIPTION = "fa2patch-build.toml"
 ARTIFACT_SUFFIX = ".abi3.so"
-CUDA_VERSION = ("12", "8")  # the CUDA release the sm_70 build targets (DESIGN.md §5)
 
 
 class BuildFailed(Fa2PatchError):
@@ -75,15 +74,12 @@ class BuildDescription:
         return self.archs[arch]
 
 
-def tensor_core_kernel(name: str, demangled: str, patterns: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(demangled, p) for p in patterns)
-
-
 def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
 BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC"]
+TORCH_LIBS = ["c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda"]
 
 
 def defines(desc: BuildDescription, arch: str) -> list[str]:
@@ -91,12 +87,14 @@ def defines(desc: BuildDescription, arch: str) -> list[str]:
     return [*desc.defines, *desc.arch(arch).defines, f"TORCH_EXTENSION_NAME={desc.name}", "NDEBUG"]
 
 
-def clang_cuda_flags(arch: str, cuda_path: Path | str) -> list[str]:
-    """clang's flags for a CUDA source compiled for ``arch`` against a CUDA folder."""
+def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]:
+    """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder of
+    ``cuda_release`` ("12.8", baseline.lock's [toolchain] cuda)."""
+    major, minor = cuda_release.split(".")
     return ["-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={cuda_path}",
             # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist; without
-            # them every MMA silently compiles to a trap (DESIGN.md §5).
-            f"-D__CUDACC_VER_MAJOR__={CUDA_VERSION[0]}", f"-D__CUDACC_VER_MINOR__={CUDA_VERSION[1]}",
+            # them every MMA silently compiles to a trap (docs/DESIGN.md §5).
+            f"-D__CUDACC_VER_MAJOR__={major}", f"-D__CUDACC_VER_MINOR__={minor}",
             "-Xcuda-ptxas", "-v"]
 
 
@@ -112,9 +110,6 @@ def prefix_maps(tree: Path, site_packages: Path, build_dir: Path) -> list[str]:
     the binary through __FILE__), so that the artifact does not depend on where it was built."""
     return [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
             f"-ffile-prefix-map={build_dir}=build"]
-
-
-TORCH_LIBS = ["c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda"]
 
 
 def torch_for_build(python: str, arch: str) -> dict:
@@ -133,7 +128,8 @@ def torch_for_build(python: str, arch: str) -> dict:
             f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
             f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}\n"
             "  (torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8; from 2.11 the CUDA 12.6 ones)")
-    return torch
+    # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
+    return {**torch, "python": str(python)}
 
 
 @dataclass
@@ -151,13 +147,12 @@ class Plan:
 
 
 def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
-         python: str = sys.executable) -> Plan:
-    # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
-    torch = {**torch_for_build(python, arch), "python": str(python)}
+         pins: Toolchain, python: str = sys.executable) -> Plan:
+    torch = torch_for_build(python, arch)
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
-    comp = toolchain.choose_compiler(compiler_choice, arch, build_dir)
-    cuda = ".".join(CUDA_VERSION) if comp.kind == "clang" else comp.version
+    comp = toolchain.choose_compiler(compiler_choice, arch, build_dir, pins)
+    cuda = pins.cuda if comp.kind == "clang" else comp.version
     if cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]:
         raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({python})",
                                           f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
@@ -173,7 +168,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     if comp.kind == "clang":
         cxx = [*launcher, str(comp.path)]
         cxx_flags = [*common, "-isystem", str(comp.cuda_path / "include")]
-        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path)]
+        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path, pins.cuda)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
         ptxas = comp.cuda_path / "bin" / "ptxas"
@@ -230,10 +225,11 @@ def _ninja_path(p: Path) -> str:
     return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
+def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choice: str = "auto",
           jobs: int | None = None, expected_digest: str | None = None, echo=print,
           python: str = sys.executable) -> dict:
-    """Build for ``arch`` against the torch of ``python`` (default: this interpreter's)."""
+    """Compile the extension against the torch of ``python``; return the manifest. The
+    compiler's and ninja's output go to stderr (stdout stays free for the command's result)."""
     start = time.monotonic()
     tree = Path(tree).resolve()
     if not tree.is_dir():
@@ -243,12 +239,12 @@ def build(tree: Path, arch: str, build_dir: Path, compiler_choice: str = "auto",
     build_dir.mkdir(parents=True, exist_ok=True)
     # A failed build must not leave the previous manifest describing a new, half-built tree.
     (build_dir / "manifest.json").unlink(missing_ok=True)
-    p = plan(desc, arch, tree, build_dir, compiler_choice, python)
+    p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
          f"{p.torch['version']} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
-    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "})
+    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
         raise BuildFailed(f"{ninja_file}: ninja failed with exit code {proc.returncode} "
                           "(the compiler's message is above)")

@@ -1,13 +1,14 @@
-"""check: the lock, patches/, the cached archive and the workspace agree."""
+"""check: the lock, patches/, pyproject.toml's pins, the cached archive and the workspace agree."""
 
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .digest import sha256_file
-from .errors import Fa2PatchError, mismatch
+from .errors import CheckFailed, Fa2PatchError, mismatch
 from .export import render_series
-from .fetch import cached_archive
-from .lockfile import Lock
+from .fetch import cached_archive, verify_archive
+from .lockfile import PIN_RE, Lock
 from .replay import workspace_state
 
 
@@ -18,7 +19,30 @@ class Finding:
     detail: str
 
 
-def check(lock: Lock, patches_dir: Path, workspace: Path) -> list[Finding]:
+def toolchain_pins(lock: Lock, pyproject: Path) -> Finding:
+    """The lock's pinned packages (torch and the CUDA wheels) are exactly the `==` pins of
+    pyproject.toml's `build` extra, which is what ci/install.sh installs."""
+    if not pyproject.is_file():
+        return Finding("toolchain pins", False, f"{pyproject}: not found (it holds the `build` extra)")
+    try:
+        extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["build"]
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        return Finding("toolchain pins", False, f"{pyproject}: no [project.optional-dependencies] "
+                                                f"build list ({exc!r})")
+    pinned = dict(PIN_RE.match(r.replace(" ", "")).groups() for r in extra if PIN_RE.match(r.replace(" ", "")))
+    wanted = lock.toolchain.pins()
+    if pinned != wanted:
+        return Finding("toolchain pins", False, mismatch(
+            f"pinned packages of the `build` extra and {lock.path.name} [toolchain]", str(pyproject),
+            _pins_text(wanted), _pins_text(pinned)))
+    return Finding("toolchain pins", True, f"{pyproject}: the `build` extra pins what the lock pins")
+
+
+def _pins_text(pins: dict) -> str:
+    return ", ".join(f"{n}=={v}" for n, v in sorted(pins.items()))
+
+
+def check(lock: Lock, patches_dir: Path, workspace: Path, pyproject: Path) -> list[Finding]:
     findings = []
     listed = {e.file for e in lock.patches}
     for entry in lock.patches:
@@ -33,12 +57,14 @@ def check(lock: Lock, patches_dir: Path, workspace: Path) -> list[Finding]:
     for extra in sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed):
         findings.append(Finding(extra, False, f"{patches_dir / extra}: not listed in {lock.path.name}"))
 
+    findings.append(toolchain_pins(lock, pyproject))
     archive = cached_archive(lock)
     if archive.exists():
-        actual = sha256_file(archive)
-        findings.append(Finding("archive", actual == lock.baseline.sha256,
-                                f"{archive}: sha256 matches" if actual == lock.baseline.sha256
-                                else mismatch("sha256", str(archive), lock.baseline.sha256, actual)))
+        try:
+            verify_archive(archive, lock)
+            findings.append(Finding("archive", True, f"{archive}: sha256 and size match"))
+        except CheckFailed as exc:
+            findings.append(Finding("archive", False, str(exc)))
     else:
         findings.append(Finding("archive", True, f"{archive}: not fetched yet (run fetch)"))
 

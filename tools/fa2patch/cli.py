@@ -1,5 +1,10 @@
 """The `fa2patch` command line. Exit codes: 0 ok, 1 a check or build step failed,
-2 usage or environment error, 3 nothing to smoke on this machine (see README.md)."""
+2 usage or environment error, 3 nothing to launch on this machine (see README.md).
+
+With --json every command writes exactly one JSON object to stdout, with an "ok" field, also
+when it fails ({"ok": false, "error": ..., "exit_code": ...}); progress and compiler output go
+to stderr. The exit code is the same with and without --json.
+"""
 
 import json
 import sys
@@ -29,6 +34,15 @@ def _table(rows: list[list], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _finish(as_json: bool, result: dict, text) -> int:
+    """Print the result (JSON, or ``text()``), and return the exit code its "ok" implies."""
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    else:
+        click.echo(text())
+    return 0 if result["ok"] else EXIT_CHECK_FAILED
+
+
 class Context:
     def __init__(self):
         self._project = None
@@ -49,7 +63,8 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context, ensure=True)
 workspace_option = click.option("--workspace", "workspace", type=click.Path(file_okay=False),
                                 help="the git workspace [default: <project>/work/flash-attn]")
-json_option = click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="print one JSON object (with an \"ok\" field) on stdout, errors included")
 python_option = click.option("--python", type=click.Path(dir_okay=False, exists=True), default=None,
                               help="the Python interpreter whose torch to build against / load with "
                                    "(e.g. your vLLM venv's bin/python) [default: the one running fa2patch]")
@@ -63,13 +78,14 @@ def cli():
 
     Pipeline: fetch -> replay -> build -> verify -> smoke; export writes workspace commits
     back to patches/. Exit codes: 0 ok, 1 a check or build step failed, 2 usage or
-    environment error, 3 nothing to smoke on this machine.
+    environment error, 3 nothing to launch on this machine (smoke, bench). With --json, every
+    command prints one JSON object with an "ok" field, errors included.
     """
 
 
 @cli.command()
 @click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
-              help="use this local archive instead of downloading it (offline)")
+              help="use this local archive (offline); it is verified and replaces the cached one")
 @click.option("--index-url", help="package index to use instead of pip's configured ones")
 @click.option("--force", is_flag=True, help="download again even if the cache holds the archive")
 @json_option
@@ -80,17 +96,15 @@ def fetch(ctx, sdist, index_url, force, as_json):
 
     lock = ctx.lock()
     path = do_fetch(lock, sdist=sdist, index_url=index_url, force=force, quiet=as_json)
-    if as_json:
-        click.echo(json.dumps({"archive": str(path), "sha256": lock.baseline.sha256}))
-    else:
-        click.echo(f"{path}: sha256 {lock.baseline.sha256} verified")
+    return _finish(as_json, {"ok": True, "archive": str(path), "sha256": lock.baseline.sha256},
+                   lambda: f"{path}: sha256 {lock.baseline.sha256} verified")
 
 
 @cli.command()
 @workspace_option
 @click.option("--force", is_flag=True, help="discard a dirty or diverging workspace")
 @click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
-              help="use this local archive if the cache does not hold it (offline)")
+              help="use this local archive (offline); it is verified and replaces the cached one")
 @json_option
 @pass_ctx
 def replay(ctx, workspace, force, sdist, as_json):
@@ -102,12 +116,10 @@ def replay(ctx, workspace, force, sdist, as_json):
     outcome = do_replay(lock, ctx.project.patches_dir, ws, force=force, sdist=sdist,
                         echo=(lambda m: None) if as_json else click.echo)
     commits = [c.hexsha for c in gitws.series_commits(gitws.open_repo(ws))]
-    if as_json:
-        click.echo(json.dumps({"workspace": str(ws), "outcome": outcome, "commits": commits,
-                               "tree_digest": lock.final_digest()}))
-    else:
-        click.echo(f"{ws}: {outcome}; {len(commits) - 1} patch(es) on the pristine import; "
-                   f"HEAD {commits[-1][:12]}, tree {lock.final_digest()}")
+    return _finish(as_json, {"ok": True, "workspace": str(ws), "outcome": outcome, "commits": commits,
+                             "tree_digest": lock.final_digest()},
+                   lambda: f"{ws}: {outcome}; {len(commits) - 1} patch(es) on the pristine import; "
+                           f"HEAD {commits[-1][:12]}, tree {lock.final_digest()}")
 
 
 @cli.command()
@@ -120,10 +132,8 @@ def export(ctx, workspace, as_json):
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     changed = do_export(lock, ws, ctx.project.patches_dir)
-    if as_json:
-        click.echo(json.dumps({"changed": changed, "patches": [asdict(p) for p in lock.patches]}))
-    else:
-        click.echo(f"exported {len(lock.patches)} patch(es); changed: {', '.join(changed) or 'nothing'}")
+    return _finish(as_json, {"ok": True, "changed": changed, "patches": [asdict(p) for p in lock.patches]},
+                   lambda: f"exported {len(lock.patches)} patch(es); changed: {', '.join(changed) or 'nothing'}")
 
 
 @cli.command()
@@ -131,37 +141,35 @@ def export(ctx, workspace, as_json):
 @json_option
 @pass_ctx
 def check(ctx, workspace, as_json):
-    """Verify that the lock, patches/, the cached archive and the workspace agree."""
+    """Verify that the lock, patches/, pyproject.toml's pins, the cached archive and the workspace agree."""
     from .check import check as do_check
 
-    findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace))
-    if as_json:
-        click.echo(json.dumps([asdict(f) for f in findings], indent=1))
-    else:
-        click.echo(_table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
-                          ["item", "status", "detail"]))
-    if not all(f.ok for f in findings):
-        sys.exit(EXIT_CHECK_FAILED)
+    findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace),
+                        ctx.project.pyproject_path)
+    return _finish(as_json, {"ok": all(f.ok for f in findings), "findings": [asdict(f) for f in findings]},
+                   lambda: _table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
+                                  ["item", "status", "detail"]))
 
 
 @cli.command()
 @json_option
 @pass_ctx
 def doctor(ctx, as_json):
-    """List the tools the build needs: what is present, what is missing and how to install it."""
+    """List the tools the build needs against the lock's pins: what is present, what is missing
+    and how to install it. Fails (exit 2) when a required one is missing; optional ones warn."""
     from .toolchain import doctor as do_doctor
 
-    try:
-        pins = ctx.lock().toolchain
-    except Fa2PatchError:
-        pins = {}
-    items = do_doctor(pins)
-    if as_json:
-        click.echo(json.dumps([asdict(i) for i in items], indent=1))
-    else:
-        click.echo(_table([[i.name, "ok" if i.found else "MISSING", i.required_for,
-                            i.detail + ("" if i.found else f"\ninstall: {i.install}")] for i in items],
-                          ["component", "status", "needed for", "detail"]))
+    items = do_doctor(ctx.lock().toolchain)
+    missing = [i.name for i in items if i.required and not i.found]
+    result = {"ok": not missing, "missing": missing, "items": [asdict(i) for i in items]}
+
+    def text():
+        return _table([[i.name, "ok" if i.found else ("MISSING" if i.required else "missing, optional"),
+                        i.required_for, i.detail + ("" if i.found else f"\ninstall: {i.install}")]
+                       for i in items], ["component", "status", "needed for", "detail"])
+
+    _finish(as_json, result, text)
+    return 0 if result["ok"] else EXIT_USAGE
 
 
 @cli.command()
@@ -182,17 +190,14 @@ def build(ctx, arch, cuda_compiler, jobs, python, workspace, as_json):
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
-    manifest = do_build(ws, arch, out, cuda_compiler, jobs, expected_digest=lock.final_digest(),
-                        echo=(lambda m: click.echo(m, err=True)) if as_json else click.echo,
-                        python=python or sys.executable)
-    if as_json:
-        click.echo(json.dumps(manifest, indent=1))
-        return
-    click.echo(f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
-               f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s")
+    manifest = do_build(ws, arch, out, lock.toolchain, cuda_compiler, jobs, expected_digest=lock.final_digest(),
+                        echo=lambda m: click.echo(m, err=as_json), python=python or sys.executable)
     if manifest["source_matches_lock"] is False:
         click.echo("warning: the workspace tree differs from the lock (uncommitted or unexported "
                    "work); this build is not the locked series", err=True)
+    return _finish(as_json, {"ok": True, "build_dir": str(out), "manifest": manifest},
+                   lambda: f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
+                           f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s")
 
 
 @cli.command()
@@ -221,23 +226,22 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
         python = python or sys.executable
         rows = v.verify_artifact(artifact.resolve(), manifest, p.schemas_path, p.budgets_path, python,
                                  v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
-    if as_json:
-        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"],
-                               "rows": [asdict(r) for r in rows]}, indent=1))
-    else:
-        click.echo(_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
-                           if r.kind in ("link", "schema")], ["check", "status", "detail"]))
+
+    def text():
+        lines = [_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
+                         if r.kind in ("link", "schema")], ["check", "status", "detail"]), ""]
         kernels = [r for r in rows if r.kind == "kernel"]
-        click.echo("")
         if kernels:
-            click.echo(_table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
-                                 _n(r, "shared"), _n(r, "hmma"), _n(r, "traps"),
-                                 "ok" if r.ok else "FAIL", r.detail] for r in kernels],
-                              ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"]))
+            lines.append(_table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
+                                  _n(r, "shared"), _n(r, "hmma"), _n(r, "traps"),
+                                  "ok" if r.ok else "FAIL", r.detail] for r in kernels],
+                                ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"]))
         else:
-            click.echo(f"{arch}: this build contains no device kernels")
-    if not all(r.ok for r in rows):
-        sys.exit(EXIT_CHECK_FAILED)
+            lines.append(f"{arch}: this build contains no device kernels")
+        return "\n".join(lines)
+
+    return _finish(as_json, {"ok": all(r.ok for r in rows), "arch": arch, "artifact": manifest["artifact"],
+                             "rows": [asdict(r) for r in rows]}, text)
 
 
 def _n(row, key):
@@ -271,18 +275,14 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
                             (p.root, ctx.workspace(workspace)))
         result = {"wheel": str(pk.wheel(p, arch, out, rows))}
     else:
-        result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock().final_digest(),
-                                     force)
+        result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock(), force)
         result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
-    if as_json:
-        click.echo(json.dumps({"ok": True, **result}, indent=1))
-        return
-    for key in ("vllm_src", "wheel"):
-        if key in result:
-            click.echo(f"{key.replace('_', '-')}: {result[key]}")
     if result.get("source_matches_lock") is False:
         click.echo("warning: the workspace tree differs from the lock (unexported work); this source "
                    "tree is not the locked series", err=True)
+    return _finish(as_json, {"ok": True, **result},
+                   lambda: "\n".join(f"{k.replace('_', '-')}: {result[k]}" for k in ("vllm_src", "wheel")
+                                      if k in result))
 
 
 @cli.command()
@@ -296,16 +296,12 @@ def smoke(ctx, archs, as_json):
     root = ctx.project.root / "build"
     dirs = [ctx.project.build_dir(a) for a in archs] or sorted(p for p in root.glob("*") if p.is_dir())
     results = do_smoke(dirs)
-    if as_json:
-        click.echo(json.dumps(results, indent=1))
-    else:
-        click.echo(_table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
-                            r.get("detail") or r.get("error") or
-                            f"{len(r.get('cases', []))} cases, worst max_abs "
-                            f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}"]
-                           for r in results], ["arch", "route", "status", "detail"]))
-    if not all(r["ok"] for r in results):
-        sys.exit(EXIT_CHECK_FAILED)
+    return _finish(as_json, {"ok": all(r["ok"] for r in results), "results": results},
+                   lambda: _table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
+                                    r.get("detail") or r.get("error") or
+                                    f"{len(r.get('cases', []))} cases, worst max_abs "
+                                    f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}"]
+                                   for r in results], ["arch", "route", "status", "detail"]))
 
 
 @cli.command()
@@ -337,15 +333,15 @@ def report(ctx, arch, launches, shapes, as_json):
         launch[glob] = (int(threads), int(dyn or 0))
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
     if not launch:  # the extension says how it launches its kernels
-        from .smoke import load_build_info
+        from .smoke import require_build_info
         from .verify import launches_of
 
-        launch = {f"*{part}*": v for part, v in launches_of(load_build_info(artifact)).items()}
+        launch = launches_of(require_build_info(artifact))
     rows = do_report(artifact, arch, launch)
     v100 = load_v100()
     predictions = [predict(s, rows, v100, artifact) for s in shape_list]
     if as_json:
-        click.echo(json.dumps({"arch": arch, "artifact": manifest["artifact"], "kernels": rows,
+        click.echo(json.dumps({"ok": True, "arch": arch, "artifact": manifest["artifact"], "kernels": rows,
                                **({"predictions": predictions} if shape_list else {})}, indent=1))
         return
     click.echo("Static bounds from the SASS (V100 parameters: tools/fa2patch/data/v100.toml); "
@@ -412,27 +408,35 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, as_json):
 
     result = b.bench(gpu, artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
                      warmup, reps, progress=progress)
+    result = {"ok": all(r.get("contract_ok") for r in result["results"]), **result}
     if json_file is not None:
         json_file.write_text(json.dumps(result, indent=1) + "\n")
-    if as_json:
-        click.echo(json.dumps(result, indent=1))
-    else:
-        click.echo(b.render(result))
-    if not all(r.get("contract_ok") for r in result["results"]):
-        sys.exit(EXIT_CHECK_FAILED)
+    return _finish(as_json, result, lambda: b.render(result))
 
 
-def main():
+def main(argv: list[str] | None = None):
+    args = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in args
     try:
-        cli.main(prog_name="fa2patch", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = cli.main(args=args, prog_name="fa2patch", standalone_mode=False)
+    except click.exceptions.Exit as exc:  # --help, --version
+        code = exc.exit_code
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE)
+        code = _error(as_json, exc.format_message(), EXIT_USAGE, exc.show)
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(EXIT_USAGE)
+        code = _error(as_json, "aborted", EXIT_USAGE)
     except Fa2PatchError as exc:
-        click.echo(f"fa2patch: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+        code = _error(as_json, str(exc), exc.exit_code)
+    sys.exit(code or 0)
+
+
+def _error(as_json: bool, message: str, code: int, show=None) -> int:
+    """Report a failure on stderr (click's usage message where it has one), and with --json as
+    the command's one JSON object on stdout too."""
+    if show is not None:
+        show()
+    else:
+        click.echo(f"fa2patch: error: {message}", err=True)
+    if as_json:
+        click.echo(json.dumps({"ok": False, "error": message, "exit_code": code}, indent=1))
+    return code

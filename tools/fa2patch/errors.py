@@ -1,9 +1,8 @@
 """Typed failures and the CLI exit codes they map to (documented in README.md)."""
 
-EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a verification found a mismatch, a breach or tampering
 EXIT_USAGE = 2  # bad arguments, a missing or unusable tool or file
-EXIT_NOTHING_TO_SMOKE = 3  # `smoke`: no GPU of a built architecture, or no route to launch
+EXIT_NOTHING_TO_LAUNCH = 3  # `smoke`, `bench`: no GPU of a built architecture, or no route to launch
 
 
 class Fa2PatchError(Exception):
@@ -22,8 +21,10 @@ class EnvironmentProblem(Fa2PatchError):
     exit_code = EXIT_USAGE
 
 
-class NothingToSmoke(Fa2PatchError):
-    exit_code = EXIT_NOTHING_TO_SMOKE
+class NothingToLaunch(Fa2PatchError):
+    """`smoke` or `bench` found nothing to run here: no GPU, no build for it, or no route."""
+
+    exit_code = EXIT_NOTHING_TO_LAUNCH
 
 
 def mismatch(what: str, where: str, expected, actual) -> str:

@@ -1,6 +1,7 @@
 """Export: workspace commits -> patches/NNNN-<slug>.patch, and the lock's [[patches]] list.
 
-Deterministic: the same commits always give byte-identical files. Files are written only
+Deterministic: the same commits always give byte-identical files. A commit that changes
+nothing is refused (its patch would have no diff). Files are written only
 after every patch rendered, and stale patch files are removed, so patches/ always matches
 the lock that is written with it.
 """
@@ -17,7 +18,7 @@ from .series import PatchFile, patch_name
 def render_series(lock: Lock, workspace: Path) -> list[tuple[str, bytes, str]]:
     """(file name, bytes, tree digest after it) for each commit after the pristine import."""
     repo = gitws.open_repo(workspace)
-    dirty = gitws.is_dirty(repo)
+    dirty = gitws.uncommitted_paths(repo)
     if dirty:
         raise CheckFailed(f"{workspace}: uncommitted changes, commit them first "
                           f"({len(dirty)} paths, first: {dirty[0].strip()})")
@@ -31,6 +32,10 @@ def render_series(lock: Lock, workspace: Path) -> list[tuple[str, bytes, str]]:
         patch = PatchFile.from_commit(commit.message, gitws.diff(repo, parent.hexsha, commit.hexsha))
         if not patch.subject:
             raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} has an empty subject")
+        if not patch.diff.strip():
+            raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} ({patch.subject!r}) changes no "
+                              "file: it would export as a patch without a diff, which replay cannot "
+                              "apply; drop it or squash it into a neighbour")
         data = patch.render().encode("utf-8", "surrogateescape")
         rendered.append((patch_name(i, patch.subject), data, git_tree_digest(repo, commit.hexsha)))
     return rendered

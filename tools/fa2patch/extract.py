@@ -8,6 +8,7 @@ or 0755 when any execute bit is set) so that the tree digest does not depend on 
 
 import posixpath
 import tarfile
+from email.parser import HeaderParser
 from pathlib import Path
 
 from .errors import CheckFailed
@@ -70,3 +71,12 @@ def safe_extract(archive: Path, top_dir: str, dest: Path) -> int:
                 out.chmod(0o755 if m.mode & 0o111 else 0o644)
             files += 1
     return files
+
+
+def sdist_metadata(tree: Path) -> dict[str, str]:
+    """Name and Version from the PKG-INFO at the top of an extracted sdist."""
+    path = Path(tree) / "PKG-INFO"
+    if not path.is_file():
+        raise CheckFailed(f"{path}: the archive has no PKG-INFO at its top (not an sdist?)")
+    headers = HeaderParser().parsestr(path.read_text(errors="replace"), headersonly=True)
+    return {"Name": headers.get("Name", ""), "Version": headers.get("Version", "")}

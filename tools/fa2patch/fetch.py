@@ -3,7 +3,7 @@
 The index is found the way pip finds it (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``, pip's
 configuration files, then pip's own default), and the archive is looked up with the standard
 simple repository API (PEP 691 JSON, or the PEP 503 HTML page). Nothing is used before its
-sha256 matches baseline.lock; verified archives are cached in the user's cache folder.
+sha256 and size match baseline.lock; verified archives are cached in the user's cache folder.
 """
 
 import json
@@ -110,35 +110,51 @@ def cached_archive(lock: Lock) -> Path:
     return user_cache_dir() / "archives" / lock.baseline.archive
 
 
-def verify_archive(path: Path, lock: Lock) -> None:
+def verify_archive(path: Path, lock: Lock, source: str | None = None, hint: str = "") -> None:
+    """The archive's sha256 and size against the lock. ``source``: where the bytes came from (a
+    file or URL; default ``path``), named in the message; ``hint``: what to do on a mismatch."""
+    b, source = lock.baseline, source or str(path)
     actual = sha256_file(path)
-    if actual != lock.baseline.sha256:
-        raise CheckFailed(mismatch("sha256", str(path), lock.baseline.sha256, actual)
-                          + "\n  (delete the file or run `fa2patch fetch --force` to download it again)")
+    if actual != b.sha256:
+        raise CheckFailed(mismatch("sha256", source, b.sha256, actual)
+                          + f"\n  (expected: {lock.path} [baseline] sha256){hint}")
+    size = path.stat().st_size
+    if size != b.size:  # the right archive: the lock's size field is what is wrong
+        raise CheckFailed(mismatch(f"[baseline] size of {source}", str(lock.path), size, b.size))
+
+
+STALE_CACHE = "\n  (delete the file or run `fa2patch fetch --force` to download it again)"
 
 
 def fetch(lock: Lock, sdist: Path | None = None, index_url: str | None = None,
           force: bool = False, quiet: bool = False) -> Path:
-    """Return the verified archive in the cache, downloading or copying it there first."""
+    """Return the verified archive in the cache. A named ``sdist`` is always verified and copied
+    there (it replaces what the cache holds); else the cache is used, or filled by a download."""
     target = cached_archive(lock)
-    if target.exists() and not force:
-        verify_archive(target, lock)
+    if sdist is not None and not Path(sdist).is_file():
+        raise EnvironmentProblem(f"{sdist}: --sdist file not found")
+    if sdist is None and target.exists() and not force:
+        verify_archive(target, lock, hint=STALE_CACHE)
         return target
+
+    def produce(tmp: Path) -> str:
+        if sdist is not None:
+            shutil.copyfile(sdist, tmp)
+            return str(sdist)
+        return _download(lock, tmp, index_url, quiet)
+
+    return _store_verified(target, produce, lambda tmp, source: verify_archive(tmp, lock, source))
+
+
+def _store_verified(target: Path, produce, check) -> Path:
+    """Put ``target`` in place atomically: ``produce(tmp)`` writes it and says where the bytes
+    came from, ``check(tmp, source)`` raises unless they are the expected ones."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        if sdist is not None:
-            if not Path(sdist).is_file():
-                raise EnvironmentProblem(f"{sdist}: --sdist file not found")
-            shutil.copyfile(sdist, tmp)
-            source = str(sdist)
-        else:
-            source = _download(lock, tmp, index_url, quiet)
-        actual = sha256_file(tmp)
-        if actual != lock.baseline.sha256:
-            raise CheckFailed(mismatch("sha256", source, lock.baseline.sha256, actual))
+        check(tmp, produce(tmp))
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -178,19 +194,13 @@ def fetch_pinned(project: str, filename: str, sha256: str, size: int, index_url:
     target = user_cache_dir() / "archives" / filename
     if target.exists() and sha256_file(target) == sha256:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        source = download(project, filename, sha256, size, tmp, index_url)
+
+    def check(tmp: Path, source: str) -> None:
         actual = sha256_file(tmp)
         if actual != sha256:
             raise CheckFailed(mismatch("sha256", source, sha256, actual))
-        tmp.replace(target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return target
+
+    return _store_verified(target, lambda tmp: download(project, filename, sha256, size, tmp, index_url), check)
 
 
 def _stream(url: str, dest: Path, size: int, context, quiet: bool) -> None:

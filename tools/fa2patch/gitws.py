@@ -67,8 +67,8 @@ def commit_all(repo: git.Repo, message: str, identity: Identity) -> str:
     return repo.head.commit.hexsha
 
 
-def is_dirty(repo: git.Repo) -> list[str]:
-    """Lines of `git status --porcelain`, untracked files included."""
+def uncommitted_paths(repo: git.Repo) -> list[str]:
+    """Lines of `git status --porcelain` (untracked files included): empty when the tree is clean."""
     out = repo.git.status("--porcelain", "--untracked-files=all", "--ignored=no")
     return out.splitlines()
 

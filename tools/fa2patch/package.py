@@ -28,6 +28,7 @@ from pathlib import Path
 from . import __version__, build, gitws
 from .digest import git_tree_digest
 from .errors import CheckFailed, EnvironmentProblem
+from .lockfile import Lock
 from .project import Project
 
 DIST = "fa2patch_vllm"  # distribution and import name
@@ -126,7 +127,7 @@ def _cmake_list(items) -> str:
     return " ".join('"' + str(i).replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items)
 
 
-def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str) -> str:
+def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str, cuda_release: str) -> str:
     """The tree's CMakeLists.txt: the template filled with the description and fa2patch's flags."""
     template = project.root / "packaging" / "vllm-src" / "CMakeLists.txt.in"
     if not template.is_file():
@@ -141,7 +142,7 @@ def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str) -> 
         "DEFINES": _cmake_list(build.defines(desc, arch)),
         # -std and -fPIC come from CMake's CXX_STANDARD and its module libraries.
         "OPT_FLAGS": _cmake_list([f for f in build.BASE_FLAGS if not f.startswith(("-std=", "-fPIC"))]),
-        "CLANG_CUDA_FLAGS": _cmake_list([f for f in build.clang_cuda_flags(arch, "")
+        "CLANG_CUDA_FLAGS": _cmake_list([f for f in build.clang_cuda_flags(arch, Path(), cuda_release)
                                          if not f.startswith("--cuda-path=")]),
         "NVCC_FLAGS": _cmake_list(build.nvcc_cuda_flags(arch)),
         "TORCH_LIBS": _cmake_list(build.TORCH_LIBS),
@@ -162,7 +163,7 @@ def tree_paths(desc: "build.BuildDescription", arch: str) -> list[str]:
     return [r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots)]
 
 
-def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, expected_digest: str,
+def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, lock: Lock,
                      force: bool = False) -> dict:
     """Write the tree for VLLM_FLASH_ATTN_SRC_DIR at ``dest`` from the workspace's HEAD commit."""
     repo = gitws.open_repo(workspace)
@@ -194,10 +195,10 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, e
         (staging / "vllm_flash_attn").mkdir(exist_ok=True)  # vLLM installs its *.py files
         (staging / "cmake").mkdir()
         shutil.copy(Path(__file__).with_name("torch_query.py"), staging / "cmake" / "torch_query.py")
-        (staging / "CMakeLists.txt").write_text(cmake_lists(project, desc, arch))
+        (staging / "CMakeLists.txt").write_text(cmake_lists(project, desc, arch, lock.toolchain.cuda))
         digest = git_tree_digest(repo, "HEAD")
         record = {"fa2patch": __version__, "arch": arch, "source_tree_digest": digest,
-                  "source_matches_lock": digest == expected_digest, "paths": paths}
+                  "source_matches_lock": digest == lock.final_digest(), "paths": paths}
         (staging / "fa2patch-vllm-src.json").write_text(json.dumps(record, indent=1) + "\n")
         if dest.exists():
             shutil.rmtree(dest)

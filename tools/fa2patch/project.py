@@ -60,3 +60,7 @@ class Project:
     @property
     def budgets_path(self) -> Path:
         return self.root / "budgets.toml"
+
+    @property
+    def pyproject_path(self) -> Path:
+        return self.root / "pyproject.toml"

@@ -14,9 +14,9 @@ import git
 from . import gitws
 from .digest import sha256_file, tree_digest
 from .errors import CheckFailed, EnvironmentProblem, mismatch
-from .extract import safe_extract
+from .extract import safe_extract, sdist_metadata
 from .fetch import fetch
-from .lockfile import Lock
+from .lockfile import Lock, normalize_name
 from .series import PatchFile
 
 
@@ -45,7 +45,7 @@ def workspace_state(workspace: Path, lock: Lock) -> str:
         repo = gitws.open_repo(workspace)
     except EnvironmentProblem as exc:
         return str(exc)
-    dirty = gitws.is_dirty(repo)
+    dirty = gitws.uncommitted_paths(repo)
     if dirty:
         return f"{workspace}: uncommitted changes ({len(dirty)} paths, first: {dirty[0].strip()})"
     recorded = gitws.recorded_series(repo)
@@ -92,13 +92,29 @@ def replay(lock: Lock, patches_dir: Path, workspace: Path, force: bool = False,
         raise
 
 
+def _check_baseline_fields(lock: Lock, archive: Path, tree: Path, files: int) -> None:
+    """[baseline] project, version and files against the extracted archive (sha256 and size were
+    checked by fetch, top_dir by the extraction, tree_digest right after this)."""
+    b, where = lock.baseline, f"{lock.path} [baseline] vs {archive}"
+    meta = sdist_metadata(tree)
+    if normalize_name(meta["Name"]) != normalize_name(b.project):
+        raise CheckFailed(mismatch("project (the archive's PKG-INFO Name)", where, meta["Name"], b.project))
+    if meta["Version"] != b.version:
+        raise CheckFailed(mismatch("version (the archive's PKG-INFO Version)", where, meta["Version"],
+                                   b.version))
+    if files != b.files:
+        raise CheckFailed(mismatch("files (extracted files and links)", where, files, b.files))
+
+
 def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
     b = lock.baseline
     echo(f"extract {archive.name}")
-    safe_extract(archive, b.top_dir, tmp)
+    files = safe_extract(archive, b.top_dir, tmp)
+    _check_baseline_fields(lock, archive, tmp, files)
     digest = tree_digest(tmp)
     if digest != b.tree_digest:
-        raise CheckFailed(mismatch("extracted tree digest", str(archive), b.tree_digest, digest))
+        raise CheckFailed(mismatch("extracted tree digest", str(archive), b.tree_digest, digest)
+                          + f"\n  (expected: {lock.path} [baseline] tree_digest)")
     repo = gitws.init_repo(tmp)
     gitws.commit_all(repo, f"{b.project} {b.version} (pristine)\n\n{gitws.PRISTINE_TRAILER}\n",
                      lock.identity)

@@ -1,11 +1,12 @@
-"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings.
+"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings;
+and the one way kernel names are matched (``kernel_matches``).
 
-Used by `verify` (budgets, tensor-core checks) and meant for the static performance report.
+Used by `verify` (budgets, tensor-core checks, launch configurations) and `report`.
 """
 
+import fnmatch
 import re
 import subprocess
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,10 +125,6 @@ class SassFunction:
                                             for o in hot)]
 
     @property
-    def counts(self) -> Counter:
-        return Counter(self.opcodes)
-
-    @property
     def hmma(self) -> int:
         return sum(1 for op in self.opcodes if op.startswith("HMMA"))
 
@@ -190,3 +187,20 @@ def demangle(names: list[str]) -> dict[str, str]:
     except (OSError, subprocess.CalledProcessError):
         return {n: n for n in names}
     return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+
+
+def kernel_matches(demangled: str, pattern: str) -> bool:
+    """Whether a kernel's demangled name matches a glob (fnmatch, case-sensitive, whole name):
+    how budgets.toml, the build description's tensor_core_kernels, `report --launch` and
+    build_info()'s launch configurations name kernels."""
+    return fnmatch.fnmatchcase(demangled, pattern)
+
+
+def first_match(demangled: str, by_pattern: dict, default=None):
+    """The value of the first glob in ``by_pattern`` that ``demangled`` matches, else ``default``."""
+    return next((v for p, v in by_pattern.items() if kernel_matches(demangled, p)), default)
+
+
+def name_part_glob(part: str) -> str:
+    """A glob matching every name that contains ``part`` literally."""
+    return "*" + re.sub(r"([*?\[])", r"[\1]", part) + "*"

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .errors import NothingToSmoke
+from .errors import EnvironmentProblem, NothingToLaunch
 from .verify import load_manifest
 
 GPU_PROBE = r"""
@@ -46,10 +46,19 @@ def load_build_info(artifact: Path) -> dict:
                         "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
 
 
+def require_build_info(artifact: Path) -> dict:
+    """build_info(), or EnvironmentProblem when the extension does not load (report and bench
+    need it; smoke and verify report a failed load as a failed row instead)."""
+    info = load_build_info(artifact)
+    if "error" in info:
+        raise EnvironmentProblem(f"{artifact}: cannot load it: {info['error']}")
+    return info
+
+
 def smoke(build_dirs: list[Path]) -> list[dict]:
     gpu = _python_json(GPU_PROBE)
     if "error" in gpu or not gpu.get("cuda"):
-        raise NothingToSmoke("nothing launched: torch sees no CUDA GPU on this machine "
+        raise NothingToLaunch("nothing launched: torch sees no CUDA GPU on this machine "
                              f"(torch.cuda.is_available() is False){gpu.get('error', '')}")
     built = []
     for d in build_dirs:
@@ -58,7 +67,7 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
             built.append((manifest["arch"], artifact))
     runnable = [(a, art) for a, art in built if a == gpu["capability"]]
     if not runnable:
-        raise NothingToSmoke(
+        raise NothingToLaunch(
             f"nothing launched: the GPU is {gpu['name']} ({gpu['capability']}), the builds are for "
             f"{', '.join(a for a, _ in built) or 'nothing (run fa2patch build)'}")
     results = []
@@ -68,7 +77,7 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
             results.append({"arch": arch, "route": "load", "ok": False, "detail": info["error"]})
             continue
         if not info.get("routes"):
-            raise NothingToSmoke(f"nothing launched: {artifact} registers no routes "
+            raise NothingToLaunch(f"nothing launched: {artifact} registers no routes "
                                  "(build_info().routes is empty: no kernels in this patch series yet)")
         for route in map(_route, info["routes"]):
             r = _python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),

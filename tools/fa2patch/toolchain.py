@@ -1,13 +1,14 @@
 """The compilers and tools a build needs, how to find them, and how to install what is missing.
 
-Two routes build the same build description (DESIGN.md §5):
+Two routes build the same build description (docs/DESIGN.md §5):
 - nvcc from a CUDA toolkit ($CUDA_HOME or PATH): the expected compiler where one is installed;
   CUDA 12.x for sm_70 (CUDA 13 cannot target Volta), any recent one for the sm_90 lab build.
-- clang-22 with a CUDA 12.8 folder assembled from the pinned wheels (headers, ptxas,
-  libdevice) plus a fatbinary: needs no toolkit install.
+- clang (the major version baseline.lock pins) with a CUDA folder assembled from the pinned
+  wheels (headers, ptxas, libdevice) plus a fatbinary: needs no toolkit install.
 """
 
 import functools
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -18,13 +19,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EnvironmentProblem
+from .errors import EnvironmentProblem, mismatch
+from .lockfile import Toolchain
 
 PIP_BUILD = "python -m pip install -e '.[build]'"
-PIP_FATBINARY = "python -m pip install --no-deps nvidia-cuda-nvcc==13.0.88"
-CLANG_MAJOR = 22
-APT_CLANG = f"apt-get install -y clang-{CLANG_MAJOR}"
 CUDA_HEADER_WHEELS = ("cuda_runtime", "cuda_nvcc", "cuda_cccl", "cublas", "cusparse", "cusolver", "curand")
+CLANG_ROUTE = "build (clang route)"
+
+
+def pip_fatbinary(pins: Toolchain) -> str:
+    return f"python -m pip install --no-deps {pins.fatbinary_wheel}"
+
+
+def apt_clang(pins: Toolchain) -> str:
+    return f"apt-get install -y clang-{pins.clang}"
 
 
 @dataclass
@@ -34,6 +42,34 @@ class Item:
     detail: str
     install: str = ""
     required_for: str = ""
+    required: bool = True  # a missing required item makes doctor fail; an optional one warns
+
+
+def installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pinned_wheels(pins: Toolchain) -> list[tuple[str, str, str | None]]:
+    """(name, pinned version, installed version or None) of each wheel of the clang route."""
+    return [(*pin.split("=="), installed_version(pin.split("==")[0]))
+            for pin in (*pins.wheels, pins.fatbinary_wheel)]
+
+
+def wheel_pin_problems(pins: Toolchain, fatbinary: Path | None) -> list[str]:
+    """The clang route's pinned wheels that are missing or installed in another version (the
+    fatbinary wheel only when ``fatbinary`` is not one from elsewhere, e.g. $FA2PATCH_FATBINARY)."""
+    return [f"{name}=={want}: " + (f"{have} is installed" if have else "not installed")
+            for name, want, have in pinned_wheels(pins)
+            if have != want and (name != pins.fatbinary_pin[0] or not fatbinary_elsewhere(fatbinary))]
+
+
+def fatbinary_elsewhere(fatbinary: Path | None) -> bool:
+    """True when the fatbinary found is not the pinned wheel's."""
+    wheel = nvidia_wheel_dir("cu13")
+    return fatbinary is not None and not (wheel is not None and wheel in fatbinary.parents)
 
 
 def _run(cmd: list[str]) -> str:
@@ -81,8 +117,8 @@ def torch_runs_arch(torch: dict, arch: str) -> bool:
     return False
 
 
-def find_clang() -> Path | None:
-    path = os.environ.get("FA2PATCH_CLANG") or shutil.which(f"clang++-{CLANG_MAJOR}")
+def find_clang(major: str) -> Path | None:
+    path = os.environ.get("FA2PATCH_CLANG") or shutil.which(f"clang++-{major}")
     return Path(path) if path and Path(path).exists() else None
 
 
@@ -162,15 +198,14 @@ def find_ninja() -> Path | None:
         return None
 
 
-def assemble_cuda_path(dest: Path) -> Path:
-    """A CUDA 12.8 folder for clang --cuda-path, made of symlinks into the pinned wheels."""
-    missing = [w for w in CUDA_HEADER_WHEELS[:3] if nvidia_wheel_dir(w) is None]
+def assemble_cuda_path(dest: Path, pins: Toolchain) -> Path:
+    """A CUDA folder for clang --cuda-path, made of symlinks into the pinned wheels."""
     fatbinary = find_fatbinary()
-    if missing or fatbinary is None:
+    problems = wheel_pin_problems(pins, fatbinary)
+    if problems or fatbinary is None:
         raise EnvironmentProblem(
-            "clang route: missing " + ", ".join([f"nvidia-{w.replace('_', '-')}-cu12" for w in missing]
-                                                + (["fatbinary"] if fatbinary is None else []))
-            + f"\n  install: {PIP_BUILD}" + ("" if fatbinary else f"; {PIP_FATBINARY}"))
+            "clang route: " + "; ".join(problems + (["no fatbinary"] if fatbinary is None else []))
+            + f"\n  install: {PIP_BUILD}; {pip_fatbinary(pins)}")
     if dest.exists():
         shutil.rmtree(dest)
     for sub in ("bin", "include", "lib64", "nvvm/libdevice"):
@@ -209,44 +244,45 @@ def ptxas_version(ptxas: Path) -> str:
     return m.group(2) if m else ""
 
 
-def doctor(lock_toolchain: dict) -> list[Item]:
-    """Everything the build and verify steps use: found or not, and how to install it."""
+def doctor(pins: Toolchain) -> list[Item]:
+    """Everything the build and verify steps use, against the lock's pins: found or not, and how
+    to install it. The clang route's items are required unless an nvcc that can target sm_70
+    is installed; nvcc (the other route) and ccache are optional."""
     items = []
     torch = torch_info()
-    want_torch = lock_toolchain.get("torch", "")
-    items.append(Item("torch", bool(torch) and torch.get("version", "").split("+")[0] == want_torch,
-                      f"{torch.get('version')} (CUDA {torch.get('cuda')}), want {want_torch}"
-                      if torch else f"not importable by {sys.executable}, want {want_torch}",
+    have_torch = torch.get("version", "").split("+")[0] if torch else None
+    items.append(Item("torch", have_torch == pins.torch,
+                      f"{torch.get('version')} (CUDA {torch.get('cuda')}), pinned {pins.torch}"
+                      if torch else f"not importable by {sys.executable}, pinned {pins.torch}",
                       PIP_BUILD, "build, verify"))
     ninja = find_ninja()
     items.append(Item("ninja", ninja is not None, str(ninja or "not found"), PIP_BUILD, "build"))
-    clang = find_clang()
-    cv = clang_version(clang) if clang else ""
-    items.append(Item(f"clang++-{CLANG_MAJOR}", bool(clang) and cv.startswith(f"{CLANG_MAJOR}."),
-                      f"{clang} ({cv})" if clang else "not found", APT_CLANG, "build (clang route)"))
-    for wheel, what in (("cuda_nvcc", "ptxas, libdevice, crt headers"),
-                        ("cuda_runtime", "CUDA runtime headers, libcudart"),
-                        ("cuda_cccl", "CUDA C++ core libraries")):
-        wdir = nvidia_wheel_dir(wheel)
-        detail = f"{wdir} ({what})" if wdir else f"not installed ({what})"
-        if wheel == "cuda_nvcc" and wdir:
-            detail += f", ptxas {ptxas_version(wdir / 'bin' / 'ptxas')}"
-        items.append(Item(f"nvidia-{wheel.replace('_', '-')}-cu12", wdir is not None, detail,
-                          PIP_BUILD, "build (clang route)"))
-    fb = find_fatbinary()
-    items.append(Item("fatbinary", fb is not None, str(fb or "not found"), PIP_FATBINARY,
-                      "build (clang route)"))
     nvcc = find_nvcc()
+    nvcc_sm70 = nvcc is not None and "sm_70" in nvcc_archs(nvcc)
+    clang_required = not nvcc_sm70
+    clang = find_clang(pins.clang)
+    cv = clang_version(clang) if clang else ""
+    items.append(Item(f"clang++-{pins.clang}", bool(clang) and cv.startswith(f"{pins.clang}."),
+                      f"{clang} ({cv}), pinned {pins.clang}.x" if clang else "not found",
+                      apt_clang(pins), CLANG_ROUTE, clang_required))
+    fb = find_fatbinary()
+    for name, want, have in pinned_wheels(pins):
+        detail = f"{have} installed, pinned {want}" if have else f"not installed, pinned {want}"
+        fatbinary_wheel = name == pins.fatbinary_pin[0]
+        items.append(Item(name, have == want, detail, pip_fatbinary(pins) if fatbinary_wheel else PIP_BUILD,
+                          CLANG_ROUTE, clang_required and not (fatbinary_wheel and fatbinary_elsewhere(fb))))
+    items.append(Item("fatbinary", fb is not None, str(fb or "not found"), pip_fatbinary(pins),
+                      CLANG_ROUTE, clang_required))
     items.append(Item("nvcc", nvcc is not None,
-                      f"{nvcc} (CUDA {nvcc_version(nvcc)})" if nvcc else "not found (optional: "
-                      "a CUDA 12.x toolkit for sm_70, any for the sm_90 lab build)",
-                      "install a CUDA toolkit and set CUDA_HOME", "build (nvcc route, optional)"))
+                      f"{nvcc} (CUDA {nvcc_version(nvcc)}{'' if nvcc_sm70 else ', cannot target sm_70'})"
+                      if nvcc else "not found (a CUDA 12.x toolkit for sm_70, any for the sm_90 lab build)",
+                      "install a CUDA toolkit and set CUDA_HOME", "build (nvcc route)", required=False))
     for tool in ("cuobjdump", "nvdisasm"):
         p = find_cuda12_binutil(tool)
         items.append(Item(tool, p is not None, str(p or "not found"), PIP_BUILD, "verify"))
     cc = find_ccache()
-    items.append(Item("ccache", cc is not None, str(cc or "not found (optional: warm rebuilds)"),
-                      "apt-get install -y ccache", "build (optional)"))
+    items.append(Item("ccache", cc is not None, str(cc or "not found (warm rebuilds)"),
+                      "apt-get install -y ccache", "build (warm rebuilds)", required=False))
     items.append(Item("git", shutil.which("git") is not None, shutil.which("git") or "not found",
                       "apt-get install -y git", "replay, export"))
     return items
@@ -261,7 +297,7 @@ class Compiler:
     host_cxx: Path | None = None  # nvcc: the compiler for .cpp files
 
 
-def choose_compiler(choice: str, arch: str, build_dir: Path) -> Compiler:
+def choose_compiler(choice: str, arch: str, build_dir: Path, pins: Toolchain) -> Compiler:
     """Pick and check the compiler for ``arch``; raise with install commands if none fits."""
     problems = []
     if choice in ("auto", "nvcc"):
@@ -277,16 +313,17 @@ def choose_compiler(choice: str, arch: str, build_dir: Path) -> Compiler:
                 host = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
                 return Compiler("nvcc", nvcc, version, host_cxx=Path(host) if host else None)
     if choice in ("auto", "clang"):
-        clang = find_clang()
+        clang = find_clang(pins.clang)
         if clang is None:
-            problems.append(f"clang++-{CLANG_MAJOR}: not found\n    install: {APT_CLANG}")
+            problems.append(f"clang++-{pins.clang}: not found\n    install: {apt_clang(pins)}")
         else:
             version = clang_version(clang)
-            if not version.startswith(f"{CLANG_MAJOR}."):
-                problems.append(f"{clang}: clang {version}, expected {CLANG_MAJOR}.x")
+            if not version.startswith(f"{pins.clang}."):
+                problems.append(mismatch("clang version", str(clang), f"{pins.clang}.x (baseline.lock "
+                                         "[toolchain] clang)", version))
             else:
                 try:
-                    cuda = assemble_cuda_path(build_dir / "cuda-12.8")
+                    cuda = assemble_cuda_path(build_dir / f"cuda-{pins.cuda}", pins)
                 except EnvironmentProblem as exc:
                     problems.append(str(exc))
                 else:

@@ -6,13 +6,13 @@
    bytes (the build's ptxas -v log), compared with the budgets file.
 3. Kernels that must use tensor cores (the build description's globs): HMMA present and no
    trap instruction in their SASS (a clang build without the nvcc version macros compiles
-   every CuTe MMA to a trap, DESIGN.md §5).
+   every CuTe MMA to a trap, docs/DESIGN.md §5).
 4. Artifact hygiene: no RPATH/RUNPATH, only libraries torch already provides (NEEDED), no
    folder of the build machine in its bytes, libstdc++ shared with torch, no private CPython
    symbol (the .abi3.so name promises the limited API) and no libpython.
+Kernels are named by globs on their demangled names (``sass.kernel_matches``).
 """
 
-import fnmatch
 import json
 import re
 import subprocess
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import sass, toolchain
-from .build import tensor_core_kernel
 from .digest import sha256_file
 from .errors import CheckFailed, EnvironmentProblem, mismatch
 
@@ -89,8 +88,10 @@ def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.execut
 
 
 def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
-    """{kernel name part: (threads per block, dynamic shared bytes)} from build_info()."""
-    return {k["kernel"]: (k["threads"], k["dynamic_smem"]) for k in build_info.get("kernels", [])}
+    """{demangled-name glob: (threads per block, dynamic shared bytes)} from build_info(), whose
+    kernel entries are parts of demangled names."""
+    return {sass.name_part_glob(k["kernel"]): (k["threads"], k["dynamic_smem"])
+            for k in build_info.get("kernels", [])}
 
 
 def check_schemas(artifact: Path, schemas_path: Path, got: dict) -> list[Row]:
@@ -120,17 +121,18 @@ class Budget:
     max_shared_bytes: int = 96 * 1024
 
 
-def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
+def load_budgets(path: Path) -> tuple[Budget, dict[str, Budget]]:
+    """The default budget and {demangled-name glob: budget} of the [[kernel]] tables."""
     if not path.is_file():
         raise EnvironmentProblem(f"{path}: budgets file not found")
     data = tomllib.loads(path.read_text())
     try:
         default = Budget(**data.get("default", {}))
-        overrides = [(k.pop("pattern"), Budget(**{**default.__dict__, **k}))
-                     for k in [dict(x) for x in data.get("kernel", [])]]
+        overrides = {k.pop("pattern"): Budget(**{**default.__dict__, **k})
+                     for k in [dict(x) for x in data.get("kernel", [])]}
     except (TypeError, KeyError) as exc:
         raise CheckFailed(f"{path}: malformed budgets: {exc!r}") from exc
-    for pattern, b in [("default", default), *overrides]:
+    for pattern, b in [("default", default), *overrides.items()]:
         if b.max_spill_bytes != 0:
             raise CheckFailed(mismatch(f"max_spill_bytes of {pattern!r}", str(path), 0, b.max_spill_bytes)
                               + "\n  (zero spills is a hard rule)")
@@ -139,7 +141,8 @@ def load_budgets(path: Path) -> tuple[Budget, list[tuple[str, Budget]]]:
 
 def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
                   launches: dict[str, tuple[int, int]]) -> list[Row]:
-    """``launches``: {kernel name part: (threads, dynamic shared bytes)}, from build_info()."""
+    """``launches``: {demangled-name glob: (threads, dynamic shared bytes)}, from build_info().
+    Every pattern (budgets, tensor-core kernels, launches) is a glob on the demangled name."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
@@ -159,8 +162,7 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
     rows = []
     by_name = {r.name: r for r in resources}
     for name in names:
-        budget = next((b for pat, b in overrides if fnmatch.fnmatchcase(pretty[name], pat)
-                       or fnmatch.fnmatchcase(name, pat)), default)
+        budget = sass.first_match(pretty[name], overrides, default)
         res, px, fn = by_name.get(name), ptxas.get(name), functions.get(name)
         problems = []
         if res is None:
@@ -172,8 +174,8 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
             continue
         regs = res.registers if res else px["registers"]
         spills = (px["spill_stores"] + px["spill_loads"]) if px else (res.stack if res else None)
-        launch = next((v for part, v in launches.items() if part in pretty[name]), None)
-        tensor_core = tensor_core_kernel(name, pretty[name], patterns)
+        launch = sass.first_match(pretty[name], launches)
+        tensor_core = any(sass.kernel_matches(pretty[name], p) for p in patterns)
         if launch is None and tensor_core:
             problems.append("no launch configuration in build_info() (dynamic shared memory unknown)")
         shared = (res.shared if res else px["smem"]) + (launch[1] if launch else 0)
@@ -198,7 +200,7 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
                    "traps": traps}
         rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems) or "ok", numbers))
     for pat in patterns:
-        if not any(tensor_core_kernel(n, pretty[n], [pat]) for n in names):
+        if not any(sass.kernel_matches(pretty[n], pat) for n in names):
             rows.append(Row("kernel", pat, False, f"no kernel matches the tensor-core pattern {pat!r}"))
     return rows
 
@@ -210,18 +212,20 @@ ALLOWED_NEEDED = [r"libc10(_cuda)?\.so", r"libtorch(_cpu|_cuda)?\.so", r"libcuda
                   r"ld-linux-x86-64\.so\.2"]
 
 
-def _readelf(args: list[str], artifact: Path) -> str:
+def _readelf(args: list[str], artifact: Path) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["readelf", *args, str(artifact)], capture_output=True, text=True,
-                              check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise EnvironmentProblem(f"readelf: cannot read {artifact}: {exc}\n  install: "
-                                 "apt-get install -y binutils") from exc
+        return subprocess.run(["readelf", *args, str(artifact)], capture_output=True, text=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"readelf: cannot run it: {exc}\n  install: apt-get install -y binutils") from exc
 
 
 def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     """What the artifact asks of the machine it lands on: libraries, search paths, folders."""
-    dynamic = _readelf(["-d", "-W"], artifact)
+    proc = _readelf(["-d", "-W"], artifact)
+    if proc.returncode != 0:
+        return [Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: "
+                                                f"{proc.stderr.strip()}")]
+    dynamic = proc.stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
     rows = []
     # A statically linked libstdc++ has its own locale tables, and C++ stream formatting across
@@ -244,7 +248,7 @@ def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     named = sorted({str(f) for f in machine_folders if len(str(f)) > 1 and str(f).encode() in data})
     rows.append(Row("link", "build paths", not named, "names no folder of the build machine" if not named
                     else mismatch("folders of the build machine", str(artifact), "none", named)))
-    symbols = re.findall(r"\bUND\s+(\S+)", _readelf(["--dyn-syms", "-W"], artifact))
+    symbols = re.findall(r"\bUND\s+(\S+)", _readelf(["--dyn-syms", "-W"], artifact).stdout)
     private = sorted({sym.split("@")[0] for sym in symbols if sym.startswith("_Py")})
     libpython = [n for n in needed if n.startswith("libpython")]
     ok = not private and not libpython

@@ -1,0 +1,52 @@
+"""The cases ci/gpu-sanitize.sh runs under compute-sanitizer, one line each:
+``family|harness|spec`` (harness relative to the repository, spec as JSON).
+
+Small shapes of every SM70 kernel family, written here (the sanitizer slows kernels a hundredfold),
+and the bad inputs of the GPU suite that it marks ``sanitize`` (test_sm70_numerics.BAD): a bad
+input must be rejected before any SM70 kernel runs.
+
+    python tests/gpu/sanitize_cases.py
+"""
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path[:0] = [str(HERE), str(REPO / "tools")]
+
+from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402
+
+VARLEN, KVCACHE = SCRIPT, KVCACHE_SCRIPT
+FAMILIES = [
+    ("gqa", VARLEN, {"seqlens": [[1, 1], [37, 90], [0, 5], [5, 0]], "hq": 4, "hkv": 2, "d": 64, "causal": True}),
+    ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 32}),
+    ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 96, "causal": True}),
+    ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 192, "causal": True}),
+    ("window", VARLEN, {"seqlens": [[300, 700], [5, 400]], "hq": 2, "hkv": 1, "d": 64, "window": [150, 40]}),
+    ("window", VARLEN, {"seqlens": [[1, 40], [3, 77]], "hq": 8, "hkv": 1, "d": 128, "page_size": 16,
+                        "window": [16, 0]}),
+    ("softcap_alibi", VARLEN, {"seqlens": [[70, 70]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
+                               "softcap": 30.0, "alibi": True}),
+    ("split_kv", VARLEN, {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16,
+                          "num_splits": 4}),
+    ("kvcache", KVCACHE, {"cache": [0, 15, 40], "seqlen_new": 1, "rotary_dim": 64, "page_size": 16,
+                          "num_splits": 3}),
+    ("kvcache", KVCACHE, {"cache": [5, 40], "seqlen_q": 2, "seqlen_new": 2, "cache_batch_idx": True,
+                          "rotary_dim": 64, "interleaved": True, "hq": 4, "hkv": 4, "d": 64}),
+    ("kvcache", KVCACHE, {"cache": [20, 40], "leftpad": [3, 0], "seqlen_q": 3, "hq": 4, "hkv": 2, "d": 128}),
+]
+
+
+def cases() -> list[tuple[str, Path, dict]]:
+    return FAMILIES + [(c.family, c.script, c.spec) for c in BAD if c.sanitize]
+
+
+def main() -> None:
+    for family, harness, spec in cases():
+        print(f"{family}|{harness.relative_to(REPO)}|{json.dumps(spec)}")
+
+
+if __name__ == "__main__":
+    main()
