@@ -16,6 +16,8 @@ under a torch other than the one it was built against. A plugin-only wheel (``fa
 On any other GPU the plugin changes nothing.
 """
 
+from __future__ import annotations
+
 import importlib.abc
 import logging
 import sys
