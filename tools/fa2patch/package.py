@@ -167,7 +167,7 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
                      force: bool = False) -> dict:
     """Write the tree for VLLM_FLASH_ATTN_SRC_DIR at ``dest`` from the workspace's HEAD commit."""
     repo = gitws.open_repo(workspace)
-    dirty = gitws.is_dirty(repo)
+    dirty = gitws.uncommitted_paths(repo)
     if dirty:
         raise CheckFailed(f"{workspace}: uncommitted changes ({', '.join(dirty[:5])}); the source tree "
                           "is made from committed work only")
