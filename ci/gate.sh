@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The patch-integrity gate (README command 1): install, fetch the pristine baseline, replay
 # the series from it into a fresh workspace, check the lock/patches/workspace agreement,
-# build _vllm_fa2_C for sm_70 and verify its schemas and kernel budgets.
+# build _vllm_fa2_C for sm_70, verify its schemas, hygiene and kernel budgets, and package
+# the wheel for vLLM (dist/).
 # Uses its own workspace (work/gate), so a developer's workspace is never touched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,4 +22,5 @@ step replay --workspace "$ws" --force
 step check --workspace "$ws"
 step build --arch sm_70 --workspace "$ws"
 step verify --arch sm_70
+step package --arch sm_70 --workspace "$ws"
 echo "[gate] passed"

@@ -7,7 +7,9 @@
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
 # tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
-# merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments).
+# merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
+# LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
+# .lab/vllm-src.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/lab-out}
@@ -54,6 +56,9 @@ fi
 if [ "${LAB_BENCH:-0}" = 1 ]; then
     f bench --arch sm_90 ${LAB_BENCH_ARGS:-} --json-file "$out/bench.json" 2>&1 | tee "$out/bench.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [ "${LAB_VLLM:-0}" = 1 ]; then
+    OUT=$out bash ci/gpu-vllm.sh run || status=1
 fi
 echo "[lab] status $status"
 exit $status

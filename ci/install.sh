@@ -20,6 +20,7 @@ command -v "clang++-$clang_major" >/dev/null || apt_missing+=("clang-$clang_majo
 command -v ccache >/dev/null || apt_missing+=(ccache)
 command -v git >/dev/null || apt_missing+=(git)
 command -v c++filt >/dev/null || apt_missing+=(binutils)
+command -v cmake >/dev/null || apt_missing+=(cmake)  # the --vllm-src tree's build (tests)
 if ((${#apt_missing[@]})); then
     sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
     echo "[install] apt-get install ${apt_missing[*]}"

@@ -47,7 +47,7 @@ files = {len(MINI_FILES)}
 
 @pytest.fixture(scope="session")
 def real_project(tmp_path_factory) -> MiniProject:
-    """A copy of this repository's lock, patches, schemas and budgets in a temporary project.
+    """A copy of this repository's lock, patches, schemas, budgets and packaging in a temporary project.
 
     Uses the user's archive cache (fetching the real baseline into it if needed)."""
     import shutil
@@ -56,7 +56,7 @@ def real_project(tmp_path_factory) -> MiniProject:
     root.mkdir()
     for name in ("baseline.lock", "budgets.toml", "pyproject.toml"):
         shutil.copy(REPO / name, root / name)
-    for name in ("patches", "schemas"):
+    for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)
     from fa2patch.project import user_cache_dir
 

@@ -9,7 +9,8 @@ import pytest
 
 from helpers import REPO
 
-COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench"]
+COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench",
+            "package"]
 
 
 def fa2patch(*args, env=None, cwd=REPO):

@@ -257,9 +257,10 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
     sources = eval(compile(ast.Expression(sources_expr), "setup.py", "eval"),
                    {**namespace, "this_dir": str(real_workspace)})
     desc = BuildDescription.load(real_workspace)
-    # setup.py builds FA2's pybind module, so not the torch library (vllm_ops.cpp).
+    # setup.py builds FA2's pybind module, so not the torch library (vllm_ops.cpp) nor its Python
+    # module entry point (python_module.cpp).
     expected = [s for s in desc.host_sources if s.startswith("csrc/flash_attn/fa2patch/")
-                and not s.endswith("/vllm_ops.cpp")] + desc.arch("sm_70").cuda_sources
+                and not s.endswith(("/vllm_ops.cpp", "/python_module.cpp"))] + desc.arch("sm_70").cuda_sources
     assert [s for s in sources if "/fa2patch/" in s] == expected
     assert len(sources) == len(set(sources)) and all((real_workspace / s).is_file() for s in sources)
 

@@ -1,23 +1,76 @@
+"""Artifact hygiene (verify): each defect, built into a small shared object, fails its own row
+and only that row; a clean object passes every row."""
+
 import shutil
 import subprocess
 
 import pytest
 
-from fa2patch.verify import check_linkage
+from fa2patch.verify import check_hygiene
 
 SRC = '#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n'
+ROWS = {"libstdc++", "needed", "rpath", "build paths", "python abi"}
 
 
-@pytest.mark.parametrize("static, ok", [(False, True), (True, False)])
-def test_static_libstdcxx_is_refused(tmp_path, static, ok):
+def compiler():
     gxx = shutil.which("g++") or shutil.which("c++")
     if gxx is None:
         pytest.skip("no host C++ compiler")
-    (tmp_path / "f.cpp").write_text(SRC)
-    so = tmp_path / "f.so"
-    subprocess.run([gxx, "-shared", "-fPIC", str(tmp_path / "f.cpp"), "-o", str(so)]
-                   + (["-static-libstdc++"] if static else []), check=True)
-    (row,) = check_linkage(so)
-    assert row.ok is ok
-    if not ok:
-        assert "libstdc++.so.6" in row.detail and str(so) in row.detail
+    return gxx
+
+
+def shared_object(tmp_path, name, source=SRC, flags=()):
+    (tmp_path / f"{name}.cpp").write_text(source)
+    so = tmp_path / f"{name}.so"
+    subprocess.run([compiler(), "-shared", "-fPIC", str(tmp_path / f"{name}.cpp"), "-o", str(so), *flags],
+                   check=True)
+    return so
+
+
+def failing_rows(so, folders=()):
+    rows = check_hygiene(so, list(folders))
+    assert {r.name for r in rows} == ROWS
+    return {r.name: r.detail for r in rows if not r.ok}
+
+
+def test_a_clean_object_passes_every_row(tmp_path):
+    assert failing_rows(shared_object(tmp_path, "clean"), [tmp_path / "elsewhere"]) == {}
+
+
+def test_static_libstdcxx_is_refused(tmp_path):
+    so = shared_object(tmp_path, "static", flags=["-static-libstdc++"])
+    failed = failing_rows(so)
+    assert set(failed) == {"libstdc++"}
+    assert "libstdc++.so.6" in failed["libstdc++"] and str(so) in failed["libstdc++"]
+
+
+@pytest.mark.parametrize("tags, kind", [("--disable-new-dtags", "RPATH"), ("--enable-new-dtags", "RUNPATH")])
+def test_a_library_search_path_is_refused(tmp_path, tags, kind):
+    failed = failing_rows(shared_object(tmp_path, "rpath", flags=[f"-Wl,{tags}", "-Wl,-rpath,/opt/somewhere"]))
+    assert set(failed) == {"rpath"}
+    assert f"{kind}=/opt/somewhere" in failed["rpath"]
+
+
+def test_a_library_torch_does_not_provide_is_refused(tmp_path):
+    dep = shared_object(tmp_path, "libextra", "int extra() { return 1; }\n")
+    so = shared_object(tmp_path, "uses", SRC + "int extra();\nint g() { return extra(); }\n",
+                       flags=[str(dep), "-Wl,--disable-new-dtags"])
+    failed = failing_rows(so)
+    assert set(failed) == {"needed"} and "libextra.so" in failed["needed"]
+
+
+def test_a_folder_of_the_build_machine_is_refused(tmp_path):
+    folder = tmp_path / "my-build-folder"
+    so = shared_object(tmp_path, "path", SRC + f'const char* where() {{ return "{folder}/x.h"; }}\n')
+    failed = failing_rows(so, [folder, tmp_path / "not-in-it"])
+    assert set(failed) == {"build paths"}
+    assert str(folder) in failed["build paths"] and "not-in-it" not in failed["build paths"]
+
+
+def test_a_private_cpython_symbol_is_refused(tmp_path):
+    so = shared_object(tmp_path, "private", SRC + 'extern "C" void _Py_Dealloc(void*);\n'
+                       'extern "C" void PyModule_Create2(void*, int);\n'
+                       "void g() { _Py_Dealloc(nullptr); PyModule_Create2(nullptr, 3); }\n")
+    failed = failing_rows(so)
+    assert set(failed) == {"python abi"}
+    assert "_Py_Dealloc" in failed["python abi"] and "PyModule_Create2" not in failed["python abi"]

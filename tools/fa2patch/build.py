@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__, sass, toolchain
 from .digest import sha256_file, tree_digest
-from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError
+from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError, mismatch
 from .lockfile import Toolchain
 
 DESCRIPTION = "fa2patch-build.toml"
@@ -108,6 +108,15 @@ def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
+BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC"]
+TORCH_LIBS = ["c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda"]
+
+
+def defines(desc: BuildDescription, arch: str) -> list[str]:
+    """Preprocessor definitions of every source (torch's C++ ABI flag comes on top)."""
+    return [*desc.defines, *desc.arch(arch).defines, f"TORCH_EXTENSION_NAME={desc.name}", "NDEBUG"]
+
+
 def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]:
     """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder of
     ``cuda_release`` ("12.8", baseline.lock's [toolchain] cuda)."""
@@ -117,6 +126,40 @@ def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]
             # them every MMA silently compiles to a trap (docs/DESIGN.md §5).
             f"-D__CUDACC_VER_MAJOR__={major}", f"-D__CUDACC_VER_MINOR__={minor}",
             "-Xcuda-ptxas", "-v"]
+
+
+def nvcc_cuda_flags(arch: str) -> list[str]:
+    """nvcc's flags for a CUDA source compiled for ``arch`` (host flags go through -Xcompiler)."""
+    sm = arch.removeprefix("sm_")
+    return [f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
+            "--expt-relaxed-constexpr", "--expt-extended-lambda"]
+
+
+def prefix_maps(tree: Path, site_packages: Path, build_dir: Path) -> list[str]:
+    """Map the workspace, torch's site-packages and the build folder away (header paths end up in
+    the binary through __FILE__), so that the artifact does not depend on where it was built."""
+    return [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
+            f"-ffile-prefix-map={build_dir}=build"]
+
+
+def torch_for_build(python: str, arch: str) -> dict:
+    """torch of ``python``, refused when its own kernels cannot run on ``arch`` (a V100 build of
+    vLLM needs a torch that still carries sm_70: the extension must load in that process)."""
+    torch = toolchain.torch_info(python)
+    if not torch:
+        raise EnvironmentProblem(f"{python}: cannot import torch with this interpreter\n  install: "
+                                 f"{toolchain.PIP_BUILD}")
+    if not torch.get("cuda"):
+        raise EnvironmentProblem(f"torch {torch['version']} ({python}) is a CPU build: "
+                                 f"it cannot run {arch} kernels")
+    if not toolchain.torch_runs_arch(torch, arch):
+        raise EnvironmentProblem(
+            f"torch {torch['version']} ({python}) carries no {arch} code\n"
+            f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
+            f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}\n"
+            "  (torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8; from 2.11 the CUDA 12.6 ones)")
+    # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
+    return {**torch, "python": str(python)}
 
 
 @dataclass
@@ -130,37 +173,31 @@ class Plan:
     link: list[str]
     link_flags: list[str]
     ptxas: Path | None
+    torch: dict = field(default_factory=dict)  # the torch built against (toolchain.torch_info)
 
 
 def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
-         pins: Toolchain) -> Plan:
-    spec = desc.arch(arch)
-    torch = toolchain.torch_info()
-    if not torch:
-        raise EnvironmentProblem(f"torch: not importable by this Python\n  install: {toolchain.PIP_BUILD}")
+         pins: Toolchain, python: str = sys.executable) -> Plan:
+    torch = torch_for_build(python, arch)
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
     comp = toolchain.choose_compiler(compiler_choice, arch, build_dir, pins)
-    defines = [f"-D{d}" for d in desc.defines + spec.defines] + [
-        f"-DTORCH_EXTENSION_NAME={desc.name}", "-DNDEBUG",
-        f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}",
-    ]
+    cuda = pins.cuda if comp.kind == "clang" else comp.version
+    if cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]:
+        raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({python})",
+                                          f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
+                                          torch["cuda"]) + "\n  (the extension and torch must share libcudart)")
+    flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    # Map the workspace, torch's site-packages and the build folder away (header paths end up in
-    # the binary through __FILE__), so that the artifact does not depend on where it was built.
-    site_packages = Path(torch["include"][0]).parents[1]
-    prefix_maps = [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
-                   f"-ffile-prefix-map={build_dir}=build"]
-    common = ["-std=c++17", "-O3", "-fPIC", *prefix_maps, *defines, *includes]
+    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir)
+    common = [*BASE_FLAGS, *maps, *flags, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
-    libs = [f"-L{p}" for p in torch["lib"]] + ["-lc10", "-lc10_cuda", "-ltorch", "-ltorch_cpu",
-                                              "-ltorch_cuda"]
+    libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]
     if comp.kind == "clang":
-        cuda_inc = comp.cuda_path / "include"
         cxx = [*launcher, str(comp.path)]
-        cxx_flags = [*common, "-isystem", str(cuda_inc)]
+        cxx_flags = [*common, "-isystem", str(comp.cuda_path / "include")]
         cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path, pins.cuda)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
@@ -170,18 +207,15 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         if host is None:
             raise EnvironmentProblem("nvcc route: no host C++ compiler (set CXX or install g++)")
         cuda_home = comp.path.parent.parent
-        sm = arch.removeprefix("sm_")
         cxx = [*launcher, str(host)]
         cxx_flags = [*common, "-isystem", str(cuda_home / "include")]
-        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in prefix_maps),
-                      *defines, *includes,
-                      f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
-                      "--expt-relaxed-constexpr", "--expt-extended-lambda", f"-ccbin={host}"]
+        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in maps),
+                      *flags, *includes, *nvcc_cuda_flags(arch), f"-ccbin={host}"]
         link = [str(host)]
         link_flags = ["-shared", *libs, f"-L{cuda_home / 'lib64'}", "-lcudart"]
         ptxas = comp.path.parent / "ptxas"
     return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags,
-                ptxas)
+                ptxas, torch)
 
 
 def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
@@ -239,9 +273,10 @@ def _ninja_path(p: Path) -> str:
 
 
 def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choice: str = "auto",
-          jobs: int | None = None, expected_digest: str | None = None, echo=print) -> dict:
-    """Compile the extension; return the manifest. The compiler's and ninja's output go to
-    stderr (stdout stays free for the command's result)."""
+          jobs: int | None = None, expected_digest: str | None = None, echo=print,
+          python: str = sys.executable) -> dict:
+    """Compile the extension against the torch of ``python``; return the manifest. The
+    compiler's and ninja's output go to stderr (stdout stays free for the command's result)."""
     start = time.monotonic()
     tree = Path(tree).resolve()
     if not tree.is_dir():
@@ -251,10 +286,10 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
     build_dir.mkdir(parents=True, exist_ok=True)
     # A failed build must not leave the previous manifest describing a new, half-built tree.
     (build_dir / "manifest.json").unlink(missing_ok=True)
-    p = plan(desc, arch, tree, build_dir, compiler_choice, pins)
+    p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
-    echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} "
-         f"({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
+    echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
+         f"{p.torch['version']} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
     proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
@@ -281,7 +316,9 @@ def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_dig
         "ptxas_version": toolchain.ptxas_version(p.ptxas) if p.ptxas and p.ptxas.exists() else "",
         "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags,
                      "link": p.link + p.link_flags},
-        "torch": {k: v for k, v in toolchain.torch_info().items() if k in ("version", "cuda")},
+        # The torch this build is for: verify loads it with that interpreter, package records it.
+        "torch": {k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python",
+                                           "python_version")},
         "source_tree_digest": digest,
         "source_matches_lock": digest == expected_digest if expected_digest else None,
         "build_description_sha256": sha256_file(desc.path),

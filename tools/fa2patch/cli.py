@@ -65,6 +65,9 @@ workspace_option = click.option("--workspace", "workspace", type=click.Path(file
                                 help="the git workspace [default: <project>/work/flash-attn]")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="print one JSON object (with an \"ok\" field) on stdout, errors included")
+python_option = click.option("--python", type=click.Path(dir_okay=False, exists=True), default=None,
+                              help="the Python interpreter whose torch to build against / load with "
+                                   "(e.g. your vLLM venv's bin/python) [default: the one running fa2patch]")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -174,17 +177,21 @@ def doctor(ctx, as_json):
 @click.option("--cuda-compiler", type=click.Choice(["auto", "nvcc", "clang"]), default="auto",
               show_default=True, help="auto: nvcc if it can target --arch, else clang-22 + wheels")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="parallel compile jobs [default: CPUs]")
+@python_option
 @workspace_option
 @json_option
 @pass_ctx
-def build(ctx, arch, cuda_compiler, jobs, workspace, as_json):
-    """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json."""
+def build(ctx, arch, cuda_compiler, jobs, python, workspace, as_json):
+    """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json.
+
+    With --python, build against the torch of another environment (headers, C++ ABI flag and
+    CUDA version read from that interpreter; a torch without code for --arch is refused)."""
     from .build import build as do_build
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
     manifest = do_build(ws, arch, out, lock.toolchain, cuda_compiler, jobs, expected_digest=lock.final_digest(),
-                        echo=lambda m: click.echo(m, err=as_json))
+                        echo=lambda m: click.echo(m, err=as_json), python=python or sys.executable)
     if manifest["source_matches_lock"] is False:
         click.echo("warning: the workspace tree differs from the lock (uncommitted or unexported "
                    "work); this build is not the locked series", err=True)
@@ -195,14 +202,30 @@ def build(ctx, arch, cuda_compiler, jobs, workspace, as_json):
 
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@click.option("--artifact", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="verify this extension instead of build/<arch> (one built without fa2patch build, "
+                   "e.g. by the --vllm-src CMake); its tensor-core kernels come from --workspace's "
+                   "fa2patch-build.toml, spills from its stack frames")
+@python_option
+@workspace_option
 @json_option
 @pass_ctx
-def verify(ctx, arch, as_json):
-    """Check the operator schemas and every kernel's registers, spills, shared memory and SASS."""
-    from .verify import verify as do_verify
+def verify(ctx, arch, artifact, python, workspace, as_json):
+    """Check the operator schemas, the artifact's hygiene (libraries, RPATH, build paths, CPython
+    ABI) and every kernel's registers, spills, shared memory and SASS. The extension is loaded
+    with the interpreter it was built for (manifest), or --python."""
+    from . import verify as v
 
     p = ctx.project
-    manifest, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path)
+    if artifact is None:
+        manifest, rows = v.verify(p.build_dir(arch), p.schemas_path, p.budgets_path, python,
+                                  (p.root, ctx.workspace(workspace)))
+    else:
+        tree = ctx.workspace(workspace)
+        manifest = v.artifact_manifest(artifact.resolve(), tree, arch)
+        python = python or sys.executable
+        rows = v.verify_artifact(artifact.resolve(), manifest, p.schemas_path, p.budgets_path, python,
+                                 v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
 
     def text():
         lines = [_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
@@ -224,6 +247,42 @@ def verify(ctx, arch, as_json):
 def _n(row, key):
     value = (row.numbers or {}).get(key)
     return "-" if value is None else value
+
+
+@cli.command()
+@click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
+@click.option("--vllm-src", "vllm_src", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="instead of the wheel: write the source tree for a vLLM source build here "
+                   "(VLLM_FLASH_ATTN_SRC_DIR), plus a plugin-only wheel")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="folder for the wheel [default: <project>/dist]")
+@click.option("--force", is_flag=True, help="replace a non-empty --vllm-src folder")
+@workspace_option
+@json_option
+@pass_ctx
+def package(ctx, arch, vllm_src, out, force, workspace, as_json):
+    """Package for vLLM: a wheel with the verified extension of build/<arch> and a vLLM plugin
+    that enables it on compute capability 7.0; or, with --vllm-src, a source tree that vLLM's
+    own build compiles (VLLM_FLASH_ATTN_SRC_DIR) and a plugin-only wheel."""
+    from . import package as pk
+
+    p = ctx.project
+    out = (out or p.root / "dist").resolve()
+    if vllm_src is None:
+        from .verify import verify as do_verify
+
+        _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None,
+                            (p.root, ctx.workspace(workspace)))
+        result = {"wheel": str(pk.wheel(p, arch, out, rows))}
+    else:
+        result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock(), force)
+        result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
+    if result.get("source_matches_lock") is False:
+        click.echo("warning: the workspace tree differs from the lock (unexported work); this source "
+                   "tree is not the locked series", err=True)
+    return _finish(as_json, {"ok": True, **result},
+                   lambda: "\n".join(f"{k.replace('_', '-')}: {result[k]}" for k in ("vllm_src", "wheel")
+                                      if k in result))
 
 
 @cli.command()

@@ -136,17 +136,25 @@ def fetch(lock: Lock, sdist: Path | None = None, index_url: str | None = None,
     if sdist is None and target.exists() and not force:
         verify_archive(target, lock, hint=STALE_CACHE)
         return target
+
+    def produce(tmp: Path) -> str:
+        if sdist is not None:
+            shutil.copyfile(sdist, tmp)
+            return str(sdist)
+        return _download(lock, tmp, index_url, quiet)
+
+    return _store_verified(target, produce, lambda tmp, source: verify_archive(tmp, lock, source))
+
+
+def _store_verified(target: Path, produce, check) -> Path:
+    """Put ``target`` in place atomically: ``produce(tmp)`` writes it and says where the bytes
+    came from, ``check(tmp, source)`` raises unless they are the expected ones."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".partial-")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        if sdist is not None:
-            shutil.copyfile(sdist, tmp)
-            source = str(sdist)
-        else:
-            source = _download(lock, tmp, index_url, quiet)
-        verify_archive(tmp, lock, source)
+        check(tmp, produce(tmp))
         tmp.replace(target)
     finally:
         tmp.unlink(missing_ok=True)
@@ -155,23 +163,44 @@ def fetch(lock: Lock, sdist: Path | None = None, index_url: str | None = None,
 
 def _download(lock: Lock, dest: Path, index_url: str | None, quiet: bool) -> str:
     b = lock.baseline
+    return download(b.project, b.archive, b.sha256, b.size, dest, index_url, quiet)
+
+
+def download(project: str, filename: str, sha256: str, size: int, dest: Path,
+             index_url: str | None = None, quiet: bool = True) -> str:
+    """Download ``filename`` of ``project`` from the first configured index that lists it; the
+    caller checks ``sha256`` of ``dest`` (an index that states another one is refused here)."""
     context = _ssl_context()
     problems = []
     for index in ([index_url.rstrip("/") + "/"] if index_url else pip_index_urls()):
         try:
-            url, stated = find_in_index(index, b.project, b.archive, context)
+            url, stated = find_in_index(index, project, filename, context)
         except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
             problems.append(f"{index}: {exc}")
             continue
-        if stated and stated != b.sha256:
-            raise CheckFailed(mismatch("sha256 stated by the index", url, b.sha256, stated))
+        if stated and stated != sha256:
+            raise CheckFailed(mismatch("sha256 stated by the index", url, sha256, stated))
         try:
-            _stream(url, dest, b.size, context, quiet)
+            _stream(url, dest, size, context, quiet)
         except (OSError, urllib.error.URLError) as exc:
             raise EnvironmentProblem(f"{url}: download failed: {exc}") from exc
         return url
-    raise EnvironmentProblem(f"{b.archive}: not found in any configured package index:\n  "
+    raise EnvironmentProblem(f"{filename}: not found in any configured package index:\n  "
                              + "\n  ".join(problems))
+
+
+def fetch_pinned(project: str, filename: str, sha256: str, size: int, index_url: str | None = None) -> Path:
+    """A release file pinned by sha256 (e.g. the tested vLLM sdist), cached like the baseline."""
+    target = user_cache_dir() / "archives" / filename
+    if target.exists() and sha256_file(target) == sha256:
+        return target
+
+    def check(tmp: Path, source: str) -> None:
+        actual = sha256_file(tmp)
+        if actual != sha256:
+            raise CheckFailed(mismatch("sha256", source, sha256, actual))
+
+    return _store_verified(target, lambda tmp: download(project, filename, sha256, size, tmp, index_url), check)
 
 
 def _stream(url: str, dest: Path, size: int, context, quiet: bool) -> None:

@@ -91,21 +91,30 @@ def nvidia_wheel_dir(name: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
+TORCH_QUERY = Path(__file__).with_name("torch_query.py")
+
+
 @functools.lru_cache(maxsize=None)
 def torch_info(python: str = sys.executable) -> dict:
-    """torch's version, CUDA version, include and library paths, from a subprocess."""
-    code = (
-        "import json, sysconfig, torch\n"
-        "from torch.utils import cpp_extension as c\n"
-        "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,"
-        " 'include': c.include_paths(), 'lib': c.library_paths(),"
-        " 'cxx11_abi': int(torch._C._GLIBCXX_USE_CXX11_ABI),"
-        " 'python_include': sysconfig.get_paths()['include']}))\n"
-    )
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    """torch's version, CUDA version, GPU architectures, C++ ABI flag, include and library paths,
+    as seen by ``python`` (a subprocess, so that another environment's torch can be read)."""
+    try:
+        proc = subprocess.run([python, str(TORCH_QUERY)], capture_output=True, text=True)
+    except OSError:
+        return {}
     if proc.returncode != 0:
         return {}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def torch_runs_arch(torch: dict, arch: str) -> bool:
+    """Whether torch's own kernels run on ``arch`` (sm_XY): built for it, or PTX at or below it."""
+    want = int(arch.removeprefix("sm_"))
+    for a in torch.get("arch_list", []):
+        kind, _, num = a.partition("_")
+        if num.isdigit() and ((kind == "sm" and int(num) == want) or (kind == "compute" and int(num) <= want)):
+            return True
+    return False
 
 
 def find_clang(major: str) -> Path | None:

@@ -7,6 +7,9 @@
 3. Kernels that must use tensor cores (the build description's globs): HMMA present and no
    trap instruction in their SASS (a clang build without the nvcc version macros compiles
    every CuTe MMA to a trap, docs/DESIGN.md §5).
+4. Artifact hygiene: no RPATH/RUNPATH, only libraries torch already provides (NEEDED), no
+   folder of the build machine in its bytes, libstdc++ shared with torch, no private CPython
+   symbol (the .abi3.so name promises the limited API) and no libpython.
 Kernels are named by globs on their demangled names (``sass.kernel_matches``).
 """
 
@@ -149,7 +152,10 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         sass.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
     functions = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact))
                  if f.arch == arch}
-    ptxas = {k["name"]: k for k in manifest["ptxas_kernels"]}
+    # Without the build's ptxas -v log (an artifact built elsewhere, e.g. by CMake), spills are
+    # bounded by the binary's stack frame: spilled registers live there, so 0 proves none.
+    from_log = manifest.get("ptxas_kernels") is not None
+    ptxas = {k["name"]: k for k in manifest["ptxas_kernels"] or []}
     names = sorted({r.name for r in resources} | set(ptxas))
     pretty = sass.demangle(names)
     patterns = manifest["tensor_core_kernels"]
@@ -161,10 +167,13 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         problems = []
         if res is None:
             problems.append("in the ptxas log but not in the binary")
-        if px is None:
+        if px is None and from_log:
             problems.append("no ptxas -v report for it (spills unknown)")
+        if res is None and px is None:
+            rows.append(Row("kernel", pretty[name], False, "; ".join(problems)))
+            continue
         regs = res.registers if res else px["registers"]
-        spills = (px["spill_stores"] + px["spill_loads"]) if px else None
+        spills = (px["spill_stores"] + px["spill_loads"]) if px else (res.stack if res else None)
         launch = sass.first_match(pretty[name], launches)
         tensor_core = any(sass.kernel_matches(pretty[name], p) for p in patterns)
         if launch is None and tensor_core:
@@ -173,7 +182,8 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         if regs > budget.max_registers:
             problems.append(f"registers expected <= {budget.max_registers}, actual {regs}")
         if spills is not None and spills > budget.max_spill_bytes:
-            problems.append(f"spill bytes expected <= {budget.max_spill_bytes}, actual {spills}")
+            what = "spill bytes" if px else "stack frame bytes (no ptxas log: a spill-free kernel has none)"
+            problems.append(f"{what} expected <= {budget.max_spill_bytes}, actual {spills}")
         if shared > budget.max_shared_bytes:
             problems.append(f"shared memory (static + dynamic) expected <= {budget.max_shared_bytes}, "
                             f"actual {shared}")
@@ -195,27 +205,97 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
     return rows
 
 
-def check_linkage(artifact: Path) -> list[Row]:
-    """The extension must share torch's libstdc++: a statically linked copy has its own locale
-    tables, and C++ stream formatting across the torch boundary then crashes (seen on the lab
-    machine, whose $CXX links libstdc++ statically: every error message with a number segfaulted)."""
+# Libraries an extension may link: those torch's wheels (and the C/C++ runtime) already put in
+# the process. Anything else would have to exist on the user's machine by luck.
+ALLOWED_NEEDED = [r"libc10(_cuda)?\.so", r"libtorch(_cpu|_cuda)?\.so", r"libcudart\.so\.\d+",
+                  r"libstdc\+\+\.so\.6", r"libgcc_s\.so\.1", r"lib(c|m|dl|pthread|rt)\.so\.\d+",
+                  r"ld-linux-x86-64\.so\.2"]
+
+
+def _readelf(args: list[str], artifact: Path) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(["readelf", "-d", str(artifact)], capture_output=True, text=True)
+        return subprocess.run(["readelf", *args, str(artifact)], capture_output=True, text=True)
     except OSError as exc:
         raise EnvironmentProblem(f"readelf: cannot run it: {exc}\n  install: apt-get install -y binutils") from exc
+
+
+def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
+    """What the artifact asks of the machine it lands on: libraries, search paths, folders."""
+    proc = _readelf(["-d", "-W"], artifact)
     if proc.returncode != 0:
         return [Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: "
                                                 f"{proc.stderr.strip()}")]
-    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", proc.stdout)
+    dynamic = proc.stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+    rows = []
+    # A statically linked libstdc++ has its own locale tables, and C++ stream formatting across
+    # the torch boundary then crashes (seen on the lab machine, whose $CXX links libstdc++
+    # statically: every error message with a number segfaulted).
     ok = any(n.startswith("libstdc++.so") for n in needed)
-    return [Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
-                mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
-                + "\n  (the host compiler linked libstdc++ statically; use the system g++/clang++)")]
+    rows.append(Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
+                    mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
+                    + "\n  (the host compiler linked libstdc++ statically; use the system g++/clang++)"))
+    foreign = [n for n in needed if not any(re.fullmatch(p, n) for p in ALLOWED_NEEDED)]
+    rows.append(Row("link", "needed", not foreign, f"{len(needed)} libraries, all provided by torch or "
+                    "the C/C++ runtime" if not foreign else
+                    mismatch("NEEDED libraries", str(artifact), "only torch's and the C/C++ runtime's "
+                             "(libc10, libtorch*, libcudart, libstdc++, libc...)", foreign)))
+    paths = re.findall(r"\((RPATH|RUNPATH)\)\s+Library (?:rpath|runpath): \[([^\]]*)\]", dynamic)
+    rows.append(Row("link", "rpath", not paths, "no RPATH/RUNPATH" if not paths else
+                    mismatch("library search path", str(artifact), "none (torch's libraries are "
+                             "already loaded when the extension is)", [f"{k}={v}" for k, v in paths])))
+    data = artifact.read_bytes()
+    named = sorted({str(f) for f in machine_folders if len(str(f)) > 1 and str(f).encode() in data})
+    rows.append(Row("link", "build paths", not named, "names no folder of the build machine" if not named
+                    else mismatch("folders of the build machine", str(artifact), "none", named)))
+    symbols = re.findall(r"\bUND\s+(\S+)", _readelf(["--dyn-syms", "-W"], artifact).stdout)
+    private = sorted({sym.split("@")[0] for sym in symbols if sym.startswith("_Py")})
+    libpython = [n for n in needed if n.startswith("libpython")]
+    ok = not private and not libpython
+    rows.append(Row("link", "python abi", ok, "limited API only (abi3), no libpython" if ok else
+                    mismatch("CPython symbols/libraries", str(artifact), "limited API only, no libpython",
+                             private + libpython)))
+    return rows
 
 
-def verify(build_dir: Path, schemas_path: Path, budgets_path: Path) -> tuple[dict, list[Row]]:
+def machine_folders(*extra: Path, python: str | None = None) -> list[Path]:
+    """Folders whose names would tie an artifact to this machine."""
+    folders = [Path.home(), *extra]
+    if python:
+        folders.append(Path(python).resolve().parents[1])  # the environment's prefix
+        torch = toolchain.torch_info(python)
+        if torch:
+            folders.append(Path(torch["site_packages"]))
+    return folders
+
+
+def verify(build_dir: Path, schemas_path: Path, budgets_path: Path, python: str | None = None,
+           folders: tuple[Path, ...] = ()) -> tuple[dict, list[Row]]:
+    """Verify a ``fa2patch build`` output, loading it with the interpreter it was built for."""
     manifest, artifact = load_manifest(build_dir)
-    got = probe_extension(artifact, schemas_path)
-    rows = (check_linkage(artifact) + check_schemas(artifact, schemas_path, got)
+    python = python or manifest.get("torch", {}).get("python") or sys.executable
+    if not Path(python).exists():
+        raise EnvironmentProblem(f"{build_dir / 'manifest.json'}: built for the torch of {python}, "
+                                 "which no longer exists (pass --python)")
+    return manifest, verify_artifact(artifact, manifest, schemas_path, budgets_path, python,
+                                     machine_folders(build_dir, *folders, python=python))
+
+
+def verify_artifact(artifact: Path, manifest: dict, schemas_path: Path, budgets_path: Path,
+                    python: str, folders: list[Path]) -> list[Row]:
+    got = probe_extension(artifact, schemas_path, python)
+    return (check_hygiene(artifact, folders) + check_schemas(artifact, schemas_path, got)
             + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {}))))
-    return manifest, rows
+
+
+def artifact_manifest(artifact: Path, tree: Path, arch: str) -> dict:
+    """What verify needs to know about an extension built without ``fa2patch build`` (for example
+    by the CMake of ``fa2patch package --vllm-src``): the arch and the tensor-core kernel globs
+    come from the tree's build description; there is no ptxas log."""
+    from .build import BuildDescription
+
+    if not artifact.is_file():
+        raise EnvironmentProblem(f"{artifact}: no such file")
+    spec = BuildDescription.load(tree).arch(arch)
+    return {"arch": arch, "lab": spec.lab, "tensor_core_kernels": spec.tensor_core_kernels,
+            "ptxas_kernels": None, "artifact": {"file": str(artifact), "sha256": sha256_file(artifact)}}

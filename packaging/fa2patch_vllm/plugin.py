@@ -1,0 +1,181 @@
+"""vLLM general plugin (entry-point group ``vllm.general_plugins``): on compute capability 7.0,
+make vLLM use fa2patch's ``_vllm_fa2_C`` and lift the gates that refuse 7.0.
+
+vLLM 0.33 refuses FlashAttention-2 below capability 8.0 in three places:
+``_is_fa2_supported`` (vllm/vllm_flash_attn/flash_attn_interface.py), ``get_flash_attn_version``
+(vllm/v1/attention/backends/fa_utils.py, which asserts the former through
+``is_fa_version_supported``) and ``FlashAttentionBackend.supports_compute_capability``
+(vllm/v1/attention/backends/flash_attn.py). The first and third are replaced by wrappers that
+answer yes for (7, 0) when fa2patch's operators are the ones loaded, and call vLLM's own
+function for everything else; the second follows from the first.
+
+A wheel that bundles the extension (``fa2patch package``) also makes vLLM's
+``from . import _vllm_fa2_C`` import the bundled one, and refuses (logs why, changes nothing)
+under a torch other than the one it was built against. A plugin-only wheel (``fa2patch package
+--vllm-src``) relies on the extension vLLM itself built from fa2patch's source tree.
+On any other GPU the plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+from pathlib import Path
+
+logger = logging.getLogger("vllm.fa2patch_vllm")  # under vLLM's logger: its handler and format
+
+V100 = (7, 0)
+EXTENSION = "vllm.vllm_flash_attn._vllm_fa2_C"
+INTERFACE = "vllm.vllm_flash_attn.flash_attn_interface"
+BACKEND = "vllm.v1.attention.backends.flash_attn"
+LIBRARY = "_vllm_fa2_C"  # the torch library namespace both vLLM's extension and ours register
+MARK = "__fa2patch_vllm__"
+
+_active = False
+
+
+def register() -> None:
+    """The entry point. vLLM may call it more than once per process; it acts once."""
+    global _active
+    if _active:
+        return
+    from vllm.platforms import current_platform
+
+    capability = current_platform.get_device_capability() if current_platform.is_cuda() else None
+    if capability is None or (capability.major, capability.minor) != V100:
+        return
+    from . import build_record
+
+    record = build_record()
+    if record["bundles_extension"]:
+        problem = activation_problem(record)
+        if problem:
+            logger.error("fa2patch-vllm is not activated (vLLM keeps its FlashAttention gates): %s",
+                         problem)
+            return
+        from . import _vllm_fa2_C as extension
+
+        sys.modules.setdefault(EXTENSION, extension)  # vLLM's `from . import _vllm_fa2_C` finds ours
+        source = f"{extension.__file__} (built for torch {record['torch']['version']})"
+    else:
+        source = "the _vllm_fa2_C that vLLM built from fa2patch's source tree"
+    patch_when_imported(INTERFACE, lift_interface_gate)
+    patch_when_imported(BACKEND, lift_backend_gate)
+    _active = True
+    logger.info("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through %s", source)
+
+
+def activation_problem(record: dict) -> str | None:
+    """Why the bundled extension must not be used in this process, or None."""
+    import torch
+
+    want = record["torch"]["version"]
+    if torch.__version__ != want:
+        return f"the extension was built for torch {want}, this process has torch {torch.__version__}"
+    loaded = sys.modules.get(EXTENSION)
+    ours = Path(__file__).with_name(LIBRARY + ".abi3.so")
+    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() != ours.resolve():
+        return f"vLLM's own {LIBRARY} ({getattr(loaded, '__file__', '?')}) is already loaded"
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith(LIBRARY + "::")]
+    if names and LIBRARY + "::build_info" not in names:
+        return f"another library already registered the torch operators {LIBRARY}::* ({len(names)} ops)"
+    return None
+
+
+def fa2patch_ops_loaded() -> bool:
+    """fa2patch's operators are the registered ones (vLLM's fork registers no build_info)."""
+    import torch
+
+    return hasattr(getattr(torch.ops, LIBRARY), "build_info")
+
+
+def fa2patch_ops_on_v100() -> bool:
+    from vllm.platforms import current_platform
+
+    capability = current_platform.get_device_capability()
+    return (capability is not None and (capability.major, capability.minor) == V100
+            and fa2patch_ops_loaded())
+
+
+def lift_interface_gate(interface) -> None:
+    """_is_fa2_supported: yes on 7.0 with fa2patch's operators; vLLM's answer otherwise."""
+    original = interface._is_fa2_supported
+    if getattr(original, MARK, False):
+        return
+    if not interface.FA2_AVAILABLE and sys.modules.get(EXTENSION) is not None:
+        # The interface was imported before the plugin ran and found no extension then.
+        interface.FA2_AVAILABLE, interface.FA2_UNAVAILABLE_REASON = True, None
+
+    def _is_fa2_supported(*args, **kwargs):
+        if interface.FA2_AVAILABLE and fa2patch_ops_on_v100():
+            return True, None
+        return original(*args, **kwargs)
+
+    setattr(_is_fa2_supported, MARK, True)
+    interface._is_fa2_supported = _is_fa2_supported
+
+
+def lift_backend_gate(backend) -> None:
+    """FlashAttentionBackend.supports_compute_capability: yes for 7.0 with fa2patch's operators
+    (that class only, not its subclasses, whose kernels were not built here); vLLM's answer
+    otherwise."""
+    cls = backend.FlashAttentionBackend
+    original = cls.supports_compute_capability.__func__
+    if getattr(original, MARK, False):
+        return
+
+    def supports_compute_capability(klass, capability):
+        if klass is cls and (capability.major, capability.minor) == V100 and fa2patch_ops_loaded():
+            return True
+        return original(klass, capability)
+
+    setattr(supports_compute_capability, MARK, True)
+    cls.supports_compute_capability = classmethod(supports_compute_capability)
+
+
+def patch_when_imported(name: str, patch) -> None:
+    """Apply ``patch`` to module ``name`` now if it is imported, else right after its import
+    (importing vLLM's attention backends from a plugin would pull in most of vLLM too early)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _PatchOnImport)), None)
+    if finder is None:
+        finder = _PatchOnImport()
+        sys.meta_path.insert(0, finder)
+    finder.patches[name] = patch
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds a module with the other finders and wraps its loader to patch it once executed."""
+
+    def __init__(self):
+        self.patches = {}
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.patches:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, self.patches.pop(name))
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self.loader, self.patch = loader, patch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.patch(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ...: the real loader's
+        return getattr(self.loader, name)
