@@ -78,29 +78,34 @@ def real_geometry(artifact):
 
 def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     """Per warp-iteration, the kernel's HMMA steps must equal the work its geometry declares
-    (QK and PV: 2 x rows/warps x keys x head_dim FMAs, 1,024 per mma, 4 F32 steps each) and its
-    copy loop must load the K and V tiles exactly once."""
+    (QK and PV: 2 x rows/warps x keys x head_dim FMAs, 1,024 per mma, 4 F32 steps each), and the
+    next block's K and V must be loaded ahead: unrolled in the loop body (no copy loop), one
+    round of global loads whose use comes late enough that the warps of a scheduler cover the
+    load latency (the model charges the iteration no exposed latency)."""
+    from fa2patch.v100model import load_v100
+
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     geometry = real_geometry(artifact)
     launch = {f"*{g['kernel']}*": (g["threads"], g["dynamic_smem"]) for g in geometry}
     rows = [r for r in kernel_rows(artifact, "sm_70", launch, geometry) if r["geometry"]]
-    assert sorted(r["geometry"]["head_dim"] for r in rows) == [32, 64, 96, 128, 192, 256]
+    assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
+    latency = load_v100()["global_load_latency_cycles"]
     for r in rows:
         g = r["geometry"]
         steps = 4 * 2 * g["rows_per_cta"] // g["warps"] * g["keys_per_iteration"] * g["head_dim"] // 1024
+        assert g["warps"] == 8 and r["occupancy"]["warps_per_sm"] >= 8, (g["kernel"], r["occupancy"])
         for lp in r["hot_loops"]:
             assert lp["dynamic"] and lp["model_mix"]["hmma_f32_steps"] == steps, (g["kernel"], lp["start"])
-            copies = [n for n in lp["inner_loops"] if n["source"].startswith("geometry")]
-            assert len(copies) <= 1
-            assert lp["shared_passes"] > 0 and lp["load_rounds"] >= 1
-    # D=256 (today: 32 keys x 256 dims x 2 tiles x 2 B over 128 threads = 16 vectors a thread):
-    # the unrolled copy loop (4 vectors a trip) runs 4 times and the peeled remainder not at all.
+            assert lp["inner_loops"] == [], (g["kernel"], lp["start"])
+            gaps = lp["model_mix"]["load_use_gaps"]
+            assert len(gaps) == 1 and r["warps_per_subpartition"] * gaps[0] >= latency, (g["kernel"], gaps)
+            assert lp["shared_passes"] > 0
+    # D=256: tensor-bound, two warps per scheduler; 2 x 32 keys x 256 dims x 2 B over 256
+    # threads = 8 16-byte loads a thread, plus the two page ids of the block after next.
     d256 = next(r for r in rows if r["geometry"]["head_dim"] == 256)
-    g = d256["geometry"]
-    vectors = 2 * g["keys_per_iteration"] * g["head_dim"] * 2 // (32 * g["warps"]) // 16
-    for lp in d256["hot_loops"]:
-        (copy,) = lp["inner_loops"]
-        assert copy["trips"] * 4 == vectors and copy["peeled_copies_run"] is (vectors % 4 != 0)
+    assert d256["warps_per_subpartition"] == 2
+    plain = min(d256["hot_loops"], key=lambda lp: lp["instructions"])
+    assert plain["binding"] == "tensor" and plain["mix"]["ldg"] == 8 + 2, plain["mix"]
 
 
 def test_report_command_on_the_real_build(built_sm70, real_project):
