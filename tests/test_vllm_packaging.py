@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -27,6 +28,9 @@ import pytest
 from helpers import REPO, locked_toolchain, require_toolchain
 
 PROBE = Path(__file__).with_name("vllm_gate_probe.py")
+# The operators the extension must register: the list written down before any build.
+_SCHEMAS = tomllib.loads((REPO / "schemas" / "vllm_fa2_ops.toml").read_text())
+SCHEMA_OPS = sorted(f"{_SCHEMAS['namespace']}::{name}" for name in _SCHEMAS["ops"])
 YES = {"is_fa2_supported": [True, None], "get_flash_attn_version": 2, "supports_compute_capability": True}
 # vLLM's own answers without an extension that serves the capability (written down beforehand).
 NO = {"is_fa2_supported": [False, "FA2 is only supported on devices with compute capability >= 8"],
@@ -160,7 +164,7 @@ print(json.dumps({"file": _vllm_fa2_C.__file__, "ops": ops,
         assert out.returncode == 0, out.stderr[-3000:]
         got = json.loads(out.stdout.strip().splitlines()[-1])
         assert got["file"].startswith(str(wheel_python.parents[1]))
-        assert got["ops"] == ["_vllm_fa2_C::build_info", "_vllm_fa2_C::fwd_kvcache", "_vllm_fa2_C::varlen_fwd"]
+        assert got["ops"] == SCHEMA_OPS
         assert got["info"] == "_vllm_fa2_C"
     installed = Path(got["file"])
     proc = real_project.run("verify", "--artifact", str(installed), "--python", str(wheel_python), "--json")
