@@ -15,7 +15,6 @@ Output: ``finite``; against an FP32 reference computed here that drops the corru
 and lse = +inf; ``eager_rel_l2``: the eager call on the valid table against the full reference.
 """
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -51,16 +50,9 @@ def reference(q, kc, vc, ids, good_page, seqlen_k, page, scale):
     return out, lse
 
 
-def main(argv) -> int:
-    if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
+def run(ops, spec: dict) -> dict:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    spec = json.loads(argv[2])
-    torch.ops.load_library(argv[1])
-    ops = torch.ops._vllm_fa2_C
     sq, sk = spec["seqlens"]
     hq, hkv, page, d, scale = spec.get("hq", 6), spec.get("hkv", 1), spec["page_size"], 256, 1 / 16
     gen = torch.Generator(device="cpu").manual_seed(spec.get("seed", 7))
@@ -98,13 +90,12 @@ def main(argv) -> int:
     graph.replay()
     torch.cuda.synchronize()                                         # a fault would surface here
     if os.environ.get("FA2PATCH_OP_ONLY") == "1":   # racecheck: our kernels only, no reference GEMMs
-        print(json.dumps({"finite": bool(torch.isfinite(out).all())}))
-        return 0
+        return {"finite": bool(torch.isfinite(out).all())}
     ref_out, ref_lse = reference(q, kc, vc, ids, good, sk, page, scale)
     empty = torch.isinf(ref_lse).T                                   # [sq, hq]: rows without keys
     got, glse = out.float(), lse.clone()
     norm = ref_out.norm()
-    print(json.dumps({
+    return {
         "finite": bool(torch.isfinite(got).all()),
         "rel_l2": float((got - ref_out).norm() / norm) if norm > 0 else float(got.norm()),
         "max_abs": float((got - ref_out).abs().max()),
@@ -113,8 +104,11 @@ def main(argv) -> int:
         "empty_rows_ok": bool((got[empty] == 0).all() and torch.isinf(glse.T[empty]).all()
                               and (glse.T[empty] > 0).all()),
         "eager_rel_l2": eager_rel_l2,
-    }))
-    return 0
+    }
+
+
+def main(argv) -> int:
+    return sm70_cases.harness_main(argv, __doc__, run)
 
 
 if __name__ == "__main__":
