@@ -10,7 +10,10 @@ and the rounds of global loads the iteration waits for (``load_use_gaps``). Each
 counts once, except that when the build declares the kernel's geometry, the K/V copy loop
 counts times its trip count (``dynamic_loop``).
 
-``predict`` (``report --shapes``): per problem shape, the sm70-dense route's launches on a card
+``predict_routes`` (``report --shapes``): per problem shape, the sm70-dense route and, where its
+op takes the shape, the sm70-gqa-prefill route (``gqa_launches``: one launch per KV step whose
+grid holds the pv tiles of one block and the qk tiles of the next; docs/report-model.md).
+``predict``: the sm70-dense route's launches on a card
 (``Card``: 80 or 72 SMs, a clock): the forward kernel for the head dim with its grid from
 build_info()'s geometry (``route``, ``head_dim``, ``rows_per_cta``, ``keys_per_iteration``,
 ``warps``: never restated here), split-KV and the combine kernel for decode as FA2's host code

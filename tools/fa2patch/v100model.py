@@ -2,7 +2,9 @@
 
 A route's time is the sum of its kernel launches' times. One launch (``KernelLaunch``) is a grid
 of CTAs in launch order, each running some iterations of one hot loop (``LoopMix``: what one warp
-issues per iteration), plus a prologue and an epilogue, and moving some bytes through HBM.
+issues per iteration), plus a prologue and an epilogue, and moving some bytes through HBM. A kernel
+whose blockIdx picks one of several tiles has CTAs of several kinds (``CtaKind``, in
+``KernelLaunch.more``), each with its own loop, prologue and epilogue.
 ``estimate_launch`` turns that into time on a ``Card`` (SM count, clock):
 
 - pipes: per iteration, W warps of a sub-partition need W x (tensor: 2 clocks per
