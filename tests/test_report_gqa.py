@@ -138,3 +138,30 @@ def test_gqa_geometry_is_checked():
     no_pv = {"kernels": [{**gqa_geometry(), "tiles": gqa_geometry()["tiles"][:1]}]}
     with pytest.raises(EnvironmentProblem, match=r"lacks tiles\[pv\].rows_per_cta"):
         route_geometry(no_pv, ARTIFACT, GQA_ROUTE)
+
+
+def test_each_tile_is_charged_the_code_its_ctas_can_reach():
+    """A dispatch branch (0x10) sends tile B's CTAs past tile A's loop; tile A's epilogue sits at
+    the end of the function (0xc0), after tile B's code, as the compiler may place it. Every
+    other branch counts both ways; an unpredicated BRA or EXIT does not fall through."""
+    from fa2patch import sass
+    from fa2patch.report import tile_code
+
+    def ins(addr, op, target=None, predicated=False):
+        return sass.Instr(addr, op, target, "", predicated)
+
+    f = sass.SassFunction("k", "sm_70", [
+        ins(0x00, "S2R"), ins(0x10, "BRA", 0x70, True),
+        ins(0x20, "HMMA.884.F32.F32.STEP0"), ins(0x30, "BRA", 0x20, True),       # loop A
+        ins(0x40, "BRA", 0x60, True), ins(0x50, "FADD"), ins(0x60, "BRA", 0xc0),
+        ins(0x70, "HMMA.884.F32.F32.STEP0"), ins(0x80, "BRA", 0x70, True),       # loop B
+        ins(0x90, "FMUL"), ins(0xa0, "EXIT"), ins(0xb0, "FFMA"),                  # 0xb0: dead
+        ins(0xc0, "STG.E.SYS"), ins(0xd0, "EXIT")])
+    loops = sorted(f.hot_loops(), key=lambda lp: lp.start)
+    a, b = tile_code(f, loops)
+    assert [i.addr for i in a] == [0x00, 0x10, 0x40, 0x50, 0x60, 0xc0, 0xd0]
+    assert [i.addr for i in b] == [0x00, 0x10, 0x90, 0xa0]
+    # Without a branch that separates the loops, the report refuses to guess.
+    f.instrs[1] = ins(0x10, "BRA", 0x40, True)
+    with pytest.raises(EnvironmentProblem, match="cannot tell the tiles' code apart"):
+        tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))

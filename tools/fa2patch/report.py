@@ -149,23 +149,44 @@ def dynamic_loop(function: sass.SassFunction, loop: sass.Loop, copy_bytes_per_th
     return out, notes
 
 
+ENDS_PATH = ("EXIT", "RET", "BRA", "JMP", "KILL")
+
+
+def reachable(function: sass.SassFunction, forced: dict[int, bool]) -> set[int]:
+    """Addresses of the instructions reachable from the function's entry: every branch both ways
+    (as the model counts them), except the branches in ``forced`` ({address: taken}); an
+    unpredicated EXIT, RET, BRA or JMP does not fall through."""
+    at = {i.addr: n for n, i in enumerate(function.instrs)}
+    seen, todo = set(), [0]
+    while todo:
+        n = todo.pop()
+        if n >= len(function.instrs) or function.instrs[n].addr in seen:
+            continue
+        ins = function.instrs[n]
+        seen.add(ins.addr)
+        taken = forced.get(ins.addr)
+        if ins.target is not None and taken is not False and ins.target in at:
+            todo.append(at[ins.target])
+        if taken is not True and not (base(ins.op) in ENDS_PATH and not ins.predicated):
+            todo.append(n + 1)
+    return seen
+
+
 def tile_code(function: sass.SassFunction, loops: list[sass.Loop]) -> list[list[sass.Instr]]:
-    """For a kernel whose blockIdx picks one of several kinds of tile, each with its own hot loop
-    (in address order): per loop, the instructions of its tile's code outside the loop. The code
-    of tile i runs from the target of the branch (placed before loop i-1) that jumps over loop
-    i-1 to at most loop i's start; the first tile's code starts at the function's start."""
-    starts = [function.instrs[0].addr]
-    for prev, loop in zip(loops, loops[1:]):
-        targets = [i.target for i in function.instrs if i.target is not None and i.addr < prev.start
-                   and prev.end < i.target <= loop.start]
-        if not targets:
-            raise EnvironmentProblem(f"{function.name}: no branch before the hot loop at {prev.start:#x} jumps over "
-                                     f"it to the tile of the hot loop at {loop.start:#x}: cannot tell the tiles' code "
-                                     f"apart")
-        starts.append(min(targets))
-    ends = starts[1:] + [function.instrs[-1].addr + 1]
-    return [[i for i in function.instrs if a <= i.addr < b and not loop.start <= i.addr <= loop.end]
-            for a, b, loop in zip(starts, ends, loops)]
+    """For a kernel whose blockIdx picks one of two kinds of tile, each with its own hot loop (in
+    address order): per loop, the instructions its tile's CTAs can run outside it. The dispatch
+    is the first conditional branch before the first loop whose two ways separate the loops:
+    not taken reaches only the first, taken only the second. A tile's code is what is reachable
+    from the entry with the dispatch going its way (its epilogue may lie anywhere)."""
+    first, second = loops
+    addrs = [{i.addr for i in lp.instrs} for lp in loops]
+    for d in (i for i in function.instrs if i.target is not None and i.predicated and i.addr < first.start):
+        ways = [reachable(function, {d.addr: taken}) for taken in (False, True)]
+        if all(addrs[n] <= ways[n] and not addrs[1 - n] & ways[n] for n in (0, 1)):
+            inside = addrs[0] | addrs[1]
+            return [[i for i in function.instrs if i.addr in way and i.addr not in inside] for way in ways]
+    raise EnvironmentProblem(f"{function.name}: no branch before the hot loop at {first.start:#x} separates it from "
+                             f"the hot loop at {second.start:#x}: cannot tell the tiles' code apart")
 
 
 def outside_row(instrs: list[sass.Instr]) -> dict:
