@@ -169,10 +169,13 @@ print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": 
     assert {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}} in r["info"]["routes"]
     kernel = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
     assert kernel["route"] == "sm70-gqa-prefill" and kernel["head_dim"] == 256 and kernel["warps"] == 4
-    assert kernel["dynamic_smem"] <= 48 * 1024 - 1280  # two CTAs per SM with the static 1,280 bytes
+    # Two CTAs per SM beside the static 1,408 bytes (tile maxima, row scales, bad-key marks).
+    assert kernel["dynamic_smem"] <= 48 * 1024 - 1408
     tiles = {t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"])
              for t in kernel["tiles"]}
     assert tiles == {"qk": (128, 128, 32), "pv": (64, 32, 256)}
+    # The block-size rule's constants, as _prefill_workspace_bytes writes them out.
+    assert kernel["block_plan"] == {"min_block_keys": 256, "max_block_keys": 8192, "score_budget_bytes": 768 << 20}
 
 
 def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):

@@ -68,12 +68,22 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 
 # --- The real sm_70 build -------------------------------------------------------------------------
 
-def real_geometry(artifact):
-    """The build's sm70-dense kernels with the geometry its build_info() declares."""
+def real_geometry(artifact, route="sm70-dense"):
+    """The build's kernels of a route with the geometry its build_info() declares."""
     from fa2patch.report import route_geometry
     from fa2patch.smoke import load_build_info
 
-    return route_geometry(load_build_info(artifact), artifact)
+    return route_geometry(load_build_info(artifact), artifact, route)
+
+
+def real_rows(artifact):
+    """Report rows of every kernel the build declares (launches from build_info()), with both
+    routes' geometry."""
+    from fa2patch.smoke import load_build_info
+    from fa2patch.verify import launches_of
+
+    geometry = real_geometry(artifact) + real_geometry(artifact, "sm70-gqa-prefill")
+    return kernel_rows(artifact, "sm_70", launches_of(load_build_info(artifact)), geometry)
 
 
 def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
@@ -85,9 +95,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     from fa2patch.v100model import load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    geometry = real_geometry(artifact)
-    launch = {f"*{g['kernel']}*": (g["threads"], g["dynamic_smem"]) for g in geometry}
-    rows = [r for r in kernel_rows(artifact, "sm_70", launch, geometry) if r["geometry"]]
+    rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-dense"]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
     latency = load_v100()["global_load_latency_cycles"]
     for r in rows:
@@ -108,17 +116,51 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     assert plain["binding"] == "tensor" and plain["mix"]["ldg"] == 8 + 2, plain["mix"]
 
 
+def test_real_long_prefill_loops_agree_with_its_tiles(built_sm70):
+    """The long-prefill kernel has one hot loop per tile, each doing per warp-iteration the work
+    its tile declares (rows x keys x head dims per iteration / warps FMAs, 4 F32 steps per 1,024);
+    the pv loop exponentiates each of its rows x keys scores once (MUFU.EX2 per thread: rows x
+    keys / threads), the qk loop none; each tile's code outside its loop is found and runs its
+    own global loads; two CTAs per SM, tensor-bound."""
+    from fa2patch.report import gqa_loops
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    g = row["geometry"]
+    tiles = {t["kind"]: t for t in g["tiles"]}
+    loops = gqa_loops(row)
+    for kind in ("qk", "pv"):
+        t = tiles[kind]
+        fma = t["rows_per_cta"] * t["keys_per_iteration"] * t["head_dims_per_iteration"] // g["warps"]
+        lp = loops[kind]
+        assert lp["model_mix"]["hmma_f32_steps"] == 4 * fma // 1024, (kind, lp["mix"])
+        assert lp["binding"] == "tensor", (kind, lp["cycles"])
+        assert lp["outside"]["mix"].get("ldg", 0) > 0 and lp["outside"]["load_rounds"] >= 1, lp["outside"]
+    assert loops["qk"]["mix"].get("mufu", 0) == 0
+    assert loops["pv"]["mix"]["mufu"] == tiles["pv"]["rows_per_cta"] * tiles["pv"]["keys_per_iteration"] // g["threads"]
+    assert row["occupancy"]["blocks_per_sm"] == 2 and row["warps_per_subpartition"] == 2
+
+
 def test_report_command_on_the_real_build(built_sm70, real_project):
     proc = real_project.run("report", "--arch", "sm_70", "--json")
     out = json.loads(proc.stdout)
     assert out["ok"] is True and out["arch"] == "sm_70"
     assert any("flash_fwd_sm70_kernel<256>" in k["kernel"] and k["hot_loops"] for k in out["kernels"])
-    shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8"
+    shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8;q=1024,kv=16384,hq=6,hkv=1,d=256"
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
     assert "calibrated = model x" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
+    assert "sm70-gqa-prefill" in proc.stdout and "qk tensor, pv tensor" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)
     assert out["card"]["sms"] == 72 and out["calibration"]["within_tolerance"]
-    prefill, decode = out["predictions"]
-    assert prefill["bound_ms"] < prefill["model_ms"] < prefill["calibrated_ms"]
+    # Both routes for the causal D=256 shapes (the long-prefill one with its A/B), dense alone for decode.
+    assert [(p["label"].split(" Hq")[0], p["route"]) for p in out["predictions"]] == [
+        ("Q=8192 KV=8192", "sm70-dense"), ("Q=8192 KV=8192", "sm70-gqa-prefill"), ("B=8 Q=1 KV=4096", "sm70-dense"),
+        ("Q=1024 KV=16384", "sm70-dense"), ("Q=1024 KV=16384", "sm70-gqa-prefill")]
+    prefill, gqa, decode = out["predictions"][:3]
+    for p in (prefill, gqa):
+        assert p["bound_ms"] < p["model_ms"] < p["calibrated_ms"]
+    assert gqa["vs_dense"] == prefill["calibrated_ms"] / gqa["calibrated_ms"]
+    # One launch per KV step: Q=8192 in blocks of plan["block_keys"] keys, plus the last pv step.
+    assert len(gqa["launches"]) == gqa["plan"]["blocks"] + 1 == -(-8192 // gqa["plan"]["block_keys"]) + 1
     assert decode["plan"]["swapped"] and decode["plan"]["splits"] >= 1

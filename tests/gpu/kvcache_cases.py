@@ -30,18 +30,16 @@ cache_batch_idx[b]. Output: the numerics of sm70_cases.py plus cache_ok (the app
 the rotated new k/v, every other cache element is unchanged) and cache_max_err.
 """
 
-import json
 import math
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from fa2patch import numerics  # noqa: E402
-from sm70_cases import _first_line, error_of, fa2_mask, run_op_only, run_script, with_defaults  # noqa: E402
+from sm70_cases import (_first_line, error_of, fa2_mask, harness_main, run_mode, run_op_only, run_script,  # noqa: E402
+                        with_defaults)
 
 DEFAULTS = {
     "cache": None, "seqlen_q": 1, "seqlen_new": 0, "capacity": None, "hq": 8, "hkv": 2, "d": 128,
@@ -282,25 +280,16 @@ def run_error(op, spec, x) -> dict:
     return result
 
 
-def main(argv) -> int:
-    if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    spec = _spec(json.loads(argv[2]))
-    torch.ops.load_library(argv[1])
-    op = torch.ops._vllm_fa2_C.fwd_kvcache
-    t0 = time.perf_counter()
+def run(ops, raw: dict) -> dict:
+    spec = _spec(raw)
+    op = ops.fwd_kvcache
     x = build_inputs(spec)
-    if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
-        result = run_op_only(lambda out: call_op(op, spec, x, out), new_out(x)[1])
-    else:
-        result = run_error(op, spec, x) if spec["expect_error"] else run_numerics(op, spec, x)
-    result["seconds"] = round(time.perf_counter() - t0, 3)
-    print(json.dumps(result))
-    return 0
+    return run_mode(lambda: run_op_only(lambda out: call_op(op, spec, x, out), new_out(x)[1]),
+                    lambda: run_error(op, spec, x), lambda: run_numerics(op, spec, x), spec["expect_error"])
+
+
+def main(argv) -> int:
+    return harness_main(argv, __doc__, run)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,7 @@ harness's, through an adapter with varlen_fwd's arguments) plus:
   seqlen_k_extra the op's seqlen_k argument is seqlen_k + this (bad input: beyond the cache)
 """
 
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,19 +105,11 @@ def adapter(op, workspace_bytes, extra: dict):
     return call
 
 
-def main(argv) -> int:
-    if len(argv) != 3:
-        print(__doc__, file=sys.stderr)
-        return 2
+def run(ops, raw: dict) -> dict:
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    spec, extra = split_spec(json.loads(argv[2]))
-    torch.ops.load_library(argv[1])
-    ops = torch.ops._vllm_fa2_C
+    spec, extra = split_spec(raw)
     op = adapter(ops.gqa_prefill_fwd, ops.gqa_prefill_workspace_bytes, extra)
-    t0 = time.perf_counter()
     x = sm70_cases.build_inputs(spec, "cuda")
     if extra["dominated"]:
         adversarial(spec, extra, x)
@@ -129,16 +118,14 @@ def main(argv) -> int:
     if extra["dtype"] != "float16":
         for name in ("q", "k", "v"):
             x[name] = x[name].to(getattr(torch, extra["dtype"]))
-    if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
-        result = sm70_cases.run_op_only(lambda out: sm70_cases.call_op(op, spec, x, out),
-                                        sm70_cases.new_out(x, spec["hq"], spec["d"])[1])
-    elif spec["expect_error"]:
-        result = sm70_cases.run_error(op, spec, x)
-    else:
-        result = sm70_cases.run_numerics(op, spec, x)
-    result["seconds"] = round(time.perf_counter() - t0, 3)
-    print(json.dumps(result))
-    return 0
+    return sm70_cases.run_mode(
+        lambda: sm70_cases.run_op_only(lambda out: sm70_cases.call_op(op, spec, x, out),
+                                       sm70_cases.new_out(x, spec["hq"], spec["d"])[1]),
+        lambda: sm70_cases.run_error(op, spec, x), lambda: sm70_cases.run_numerics(op, spec, x), spec["expect_error"])
+
+
+def main(argv) -> int:
+    return sm70_cases.harness_main(argv, __doc__, run)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "tools")]
 
 from test_long_prefill_gpu import BAD as PREFILL_BAD, SCRIPT as PREFILL  # noqa: E402
+from test_long_prefill_guard_gpu import CASES as GUARD_CASES, SCRIPT as GUARD  # noqa: E402
 from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402
 
 VARLEN, KVCACHE = SCRIPT, KVCACHE_SCRIPT
@@ -45,7 +46,8 @@ FAMILIES = [
 
 
 def cases() -> list[tuple[str, Path, dict]]:
-    return FAMILIES + [(c.family, c.script, c.spec) for c in BAD + PREFILL_BAD if c.sanitize]
+    guards = [("long_prefill_guard", GUARD, spec) for spec in GUARD_CASES.values()]
+    return FAMILIES + guards + [(c.family, c.script, c.spec) for c in BAD + PREFILL_BAD if c.sanitize]
 
 
 def main() -> None:

@@ -475,6 +475,34 @@ def _reference_op(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, a
     return [out, lse]
 
 
+def harness_main(argv, doc: str, run) -> int:
+    """The entry of a case harness, ``<artifact.so> '<json spec>'``: loads the extension (TF32
+    off, so the FP32 reference is FP32), calls ``run(torch.ops._vllm_fa2_C, spec)`` and prints
+    its result, with the seconds it took, as one JSON line."""
+    if len(argv) != 3:
+        print(doc, file=sys.stderr)
+        return 2
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    spec = json.loads(argv[2])
+    torch.ops.load_library(argv[1])
+    t0 = time.perf_counter()
+    result = run(torch.ops._vllm_fa2_C, spec)
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(result))
+    return 0
+
+
+def run_mode(op_only, error, numerics, expect_error: bool) -> dict:
+    """Our kernels alone under racecheck (FA2PATCH_OP_ONLY=1: no reference GEMMs), else the
+    bad-input or the numerics check."""
+    if os.environ.get("FA2PATCH_OP_ONLY") == "1":
+        return op_only()
+    return error() if expect_error else numerics()
+
+
 def run_script(main) -> None:
     """Exit with main's status; a failure of the harness itself prints its traceback, exit 1."""
     try:

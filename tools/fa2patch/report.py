@@ -10,7 +10,10 @@ and the rounds of global loads the iteration waits for (``load_use_gaps``). Each
 counts once, except that when the build declares the kernel's geometry, the K/V copy loop
 counts times its trip count (``dynamic_loop``).
 
-``predict`` (``report --shapes``): per problem shape, the sm70-dense route's launches on a card
+``predict_routes`` (``report --shapes``): per problem shape, the sm70-dense route and, where its
+op takes the shape, the sm70-gqa-prefill route (``gqa_launches``: one launch per KV step whose
+grid holds the pv tiles of one block and the qk tiles of the next; docs/report-model.md).
+``predict``: the sm70-dense route's launches on a card
 (``Card``: 80 or 72 SMs, a clock): the forward kernel for the head dim with its grid from
 build_info()'s geometry (``route``, ``head_dim``, ``rows_per_cta``, ``keys_per_iteration``,
 ``warps``: never restated here), split-KV and the combine kernel for decode as FA2's host code
@@ -30,6 +33,7 @@ details. docs/report-model.md describes the model.
 
 import math
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from . import sass, toolchain
@@ -37,11 +41,13 @@ from .bench import Shape, useful_flops
 from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of
-from .v100model import (Card, KernelLaunch, LoopMix, access_passes, binding, calibrate, estimate_launch,
+from .v100model import (Card, CtaKind, KernelLaunch, LoopMix, access_passes, binding, calibrate, estimate_launch,
                         fa2_grid_iterations, load_v100, lower_bound, peak_tflops)
 
 ROUTE = "sm70-dense"
+GQA_ROUTE = "sm70-gqa-prefill"
 GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
+GQA_BLOCK_PLAN = ("min_block_keys", "max_block_keys", "score_budget_bytes")
 CATEGORIES = {
     "HMMA": "hmma", "LDS": "lds", "STS": "sts", "LDG": "ldg", "STG": "stg", "MUFU": "mufu",
     "FADD": "fp32", "FMUL": "fp32", "FFMA": "fp32", "FMNMX": "fp32", "FSETP": "fp32", "FSEL": "fp32",
@@ -143,6 +149,54 @@ def dynamic_loop(function: sass.SassFunction, loop: sass.Loop, copy_bytes_per_th
     return out, notes
 
 
+ENDS_PATH = ("EXIT", "RET", "BRA", "JMP", "KILL")
+
+
+def reachable(function: sass.SassFunction, forced: dict[int, bool]) -> set[int]:
+    """Addresses of the instructions reachable from the function's entry: every branch both ways
+    (as the model counts them), except the branches in ``forced`` ({address: taken}); an
+    unpredicated EXIT, RET, BRA or JMP does not fall through."""
+    at = {i.addr: n for n, i in enumerate(function.instrs)}
+    seen, todo = set(), [0]
+    while todo:
+        n = todo.pop()
+        if n >= len(function.instrs) or function.instrs[n].addr in seen:
+            continue
+        ins = function.instrs[n]
+        seen.add(ins.addr)
+        taken = forced.get(ins.addr)
+        if ins.target is not None and taken is not False and ins.target in at:
+            todo.append(at[ins.target])
+        if taken is not True and not (base(ins.op) in ENDS_PATH and not ins.predicated):
+            todo.append(n + 1)
+    return seen
+
+
+def tile_code(function: sass.SassFunction, loops: list[sass.Loop]) -> list[list[sass.Instr]]:
+    """For a kernel whose blockIdx picks one of two kinds of tile, each with its own hot loop (in
+    address order): per loop, the instructions its tile's CTAs can run outside it. The dispatch
+    is the first conditional branch before the first loop whose two ways separate the loops:
+    not taken reaches only the first, taken only the second. A tile's code is what is reachable
+    from the entry with the dispatch going its way (its epilogue may lie anywhere)."""
+    first, second = loops
+    addrs = [{i.addr for i in lp.instrs} for lp in loops]
+    for d in (i for i in function.instrs if i.target is not None and i.predicated and i.addr < first.start):
+        ways = [reachable(function, {d.addr: taken}) for taken in (False, True)]
+        if all(addrs[n] <= ways[n] and not addrs[1 - n] & ways[n] for n in (0, 1)):
+            inside = addrs[0] | addrs[1]
+            return [[i for i in function.instrs if i.addr in way and i.addr not in inside] for way in ways]
+    raise EnvironmentProblem(f"{function.name}: no branch before the hot loop at {first.start:#x} separates it from "
+                             f"the hot loop at {second.start:#x}: cannot tell the tiles' code apart")
+
+
+def outside_row(instrs: list[sass.Instr]) -> dict:
+    """A tile's code outside its hot loop, run once per CTA: its mix (every instruction once) and
+    the rounds of global loads it waits for."""
+    counts, mix = mix_of(instrs)
+    return {"instructions": len(instrs), "mix": counts, "load_rounds": len(mix.load_use_gaps),
+            "model_mix": {**vars(mix), "load_use_gaps": ()}}
+
+
 def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread=None) -> dict:
     instrs, inner = dynamic_loop(function, loop, copy_bytes_per_thread)
     counts, mix = mix_of(instrs)
@@ -172,22 +226,29 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
             "threads_per_block": threads, "shared_bytes": shared}
 
 
-def route_geometry(build_info: dict, artifact: Path) -> list[dict]:
-    """The sm70-dense route's kernels with their geometry, from build_info()["kernels"]; an
-    error naming what is missing when the build does not declare it (report never guesses)."""
+def route_geometry(build_info: dict, artifact: Path, route: str = ROUTE) -> list[dict]:
+    """A route's kernels with their geometry, from build_info()["kernels"]; an error naming what
+    is missing when the build does not declare it (report never guesses). The long-prefill
+    route's kernel also declares its tiles (qk, pv) and its block plan's constants."""
     if "error" in build_info:
         raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {build_info['error']}")
-    kernels = [k for k in build_info.get("kernels", []) if k.get("route") == ROUTE]
+    kernels = [k for k in build_info.get("kernels", []) if k.get("route") == route]
     if not kernels:
         fields = sorted({f for k in build_info.get("kernels", []) for f in k})
         raise EnvironmentProblem(
-            f"{artifact}: build_info() declares no kernel of route {ROUTE}: its kernel entries have the fields "
+            f"{artifact}: build_info() declares no kernel of route {route}: its kernel entries have the fields "
             f"{', '.join(fields) or 'none'}; report needs route, {', '.join(GEOMETRY)} on each attention kernel "
             f"(rebuild from a patch series whose build_info() exports the kernel geometry)")
     for k in kernels:
         missing = [f for f in GEOMETRY if not isinstance(k.get(f), int)]
+        if route == GQA_ROUTE:
+            kinds = {t.get("kind"): t for t in k.get("tiles", [])}
+            missing += [f"tiles[{kind}].{f}" for kind in ("qk", "pv") for f in
+                        ("rows_per_cta", "keys_per_iteration", "head_dims_per_iteration")
+                        if not isinstance(kinds.get(kind, {}).get(f), int)]
+            missing += [f"block_plan.{f}" for f in GQA_BLOCK_PLAN if not isinstance(k.get("block_plan", {}).get(f), int)]
         if missing:
-            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k.get('kernel')!r} of route {ROUTE} lacks "
+            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k.get('kernel')!r} of route {route} lacks "
                                      f"{', '.join(missing)} (expected integers; got {k})")
         if k.get("threads") != 32 * k["warps"]:
             raise EnvironmentProblem(f"{artifact}: build_info() kernel {k['kernel']!r}: threads expected "
@@ -226,12 +287,16 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         occ = occupancy(r.registers, r.shared + dynamic, threads, v100) if r and threads else None
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
         geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
-        copy = copy_bytes_per_thread(geo) if geo else None
+        copy = copy_bytes_per_thread(geo) if geo and geo["route"] == ROUTE else None
+        hot = [loop_row(f, lp, v100, w, copy) for lp in f.hot_loops()]
+        if geo and "tiles" in geo:     # one kernel, several kinds of tile
+            for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
+                row["outside"] = outside_row(code)
         out.append({
             "kernel": name, "registers": r.registers if r else None, "stack": r.stack if r else None,
             "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
             "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma, "geometry": geo,
-            "hot_loops": [loop_row(f, lp, v100, w, copy) for lp in f.hot_loops()],
+            "hot_loops": hot,
         })
     if unlaunched:
         raise EnvironmentProblem(f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
@@ -307,6 +372,123 @@ def cheapest_hot_loop(kernel: dict) -> dict:
                key=lambda lp: max(lp["cycles"].values()))
 
 
+# --- The sm70-gqa-prefill route -----------------------------------------------------------------
+
+def gqa_plan(shape: Shape, geometry: dict) -> dict:
+    """The long-prefill op's plan (gqa_prefill_api.cpp make_plan) from build_info()'s tiles and
+    block-plan constants: packed rows per KV head padded to the qk tile, and the block size, the
+    largest multiple of the qk tile's keys in [min, max] whose two fp16 score buffers fit the
+    budget, no larger than the keys rounded up to that multiple."""
+    tiles, bp = {t["kind"]: t for t in geometry["tiles"]}, geometry["block_plan"]
+    qk_rows, qk_keys = tiles["qk"]["rows_per_cta"], tiles["qk"]["keys_per_iteration"]
+    group = shape.hq // shape.hkv
+    rows_pad = -(-group * shape.q // qk_rows) * qk_rows
+    budget = bp["score_budget_bytes"] // max(1, 2 * shape.hkv * rows_pad * 2) // qk_keys * qk_keys
+    needed = max(qk_keys, -(-shape.kv // qk_keys) * qk_keys)
+    block_keys = min(max(bp["min_block_keys"], min(budget, bp["max_block_keys"])), needed)
+    return {"group": group, "rows": group * shape.q, "rows_pad": rows_pad, "block_keys": block_keys,
+            "num_blocks": max(1, -(-shape.kv // block_keys)), "tiles": tiles}
+
+
+def gqa_steps(shape: Shape, plan: dict) -> list[dict]:
+    """The route's launches as gqa_prefill_api.cpp run() makes them, one per step s = 0 ..
+    num_blocks: the pv CTAs of block s-1 (every row tile of every KV head, blockIdx.x = head x
+    row tiles + row tile), then the qk CTAs of block s (key tile fastest, then row tile from the
+    first that sees a key of the block, then head). Per CTA (kind, hot-loop iterations, HBM
+    bytes); a CTA with nothing to do returns at once (kind "idle"). Bottom-right causal: packed
+    row r (query r // group) sees key j <= r // group + kv - q."""
+    qk, pv = plan["tiles"]["qk"], plan["tiles"]["pv"]
+    g, bk, d = plan["group"], plan["block_keys"], shape.d
+    shift = shape.kv - shape.q
+    last_key = lambda r: min(shape.kv - 1, r // g + shift)  # noqa: E731
+    qk_iterations = d // qk["head_dims_per_iteration"]
+    state = pv["rows_per_cta"] * (d * 4 + 2 * 4)              # fp32 acc, m, l
+    steps = []
+    for s in range(plan["num_blocks"] + 1):
+        ctas, hbm = [], 0
+        if s > 0:
+            b = s - 1
+            key0, nk = b * bk, max(0, min(bk, shape.kv - b * bk))
+            first, last = b == 0, b == plan["num_blocks"] - 1
+            for _ in range(shape.hkv):
+                for t in range(plan["rows_pad"] // pv["rows_per_cta"]):
+                    row0 = t * pv["rows_per_cta"]
+                    visible = max(0, min(nk, last_key(row0 + pv["rows_per_cta"] - 1) + 1 - key0))
+                    chunks = -(-visible // pv["keys_per_iteration"])
+                    if chunks == 0 and not first and not last:
+                        ctas.append(("idle", 0, 0))
+                        continue
+                    rows = min(pv["rows_per_cta"], max(0, plan["rows"] - row0))
+                    scores = pv["rows_per_cta"] * (chunks * pv["keys_per_iteration"] * 2
+                                                   + -(-visible // qk["keys_per_iteration"]) * 4)
+                    out = rows * (d * 2 + 4) if last else 0
+                    ctas.append(("pv", chunks, scores + state * ((not first) + (not last)) + out))
+            hbm += nk * shape.hkv * d * 2                     # V once per block (its CTAs share it in L2)
+        if s < plan["num_blocks"]:
+            key0, nk = s * bk, max(0, min(bk, shape.kv - s * bk))
+            tiles = -(-nk // qk["keys_per_iteration"])
+            first_row = max(0, g * (key0 - shift))
+            rt0 = min(first_row, plan["rows_pad"]) // qk["rows_per_cta"]
+            for _ in range(shape.hkv):
+                for rt in range(rt0, plan["rows_pad"] // qk["rows_per_cta"] if tiles else rt0):
+                    row0 = rt * qk["rows_per_cta"]
+                    for t in range(tiles):
+                        seen = key0 + t * qk["keys_per_iteration"] <= last_key(row0 + qk["rows_per_cta"] - 1)
+                        ctas.append(("qk", qk_iterations, qk["rows_per_cta"] * (qk["keys_per_iteration"] * 2 + 4))
+                                    if seen else ("idle", 0, 0))
+                    q_rows = min(qk["rows_per_cta"], max(0, plan["rows"] - row0))
+                    hbm += q_rows * d * 2                     # Q once per row tile (its key tiles share it)
+            hbm += nk * shape.hkv * d * 2                     # K once per block
+        steps.append({"ctas": ctas, "hbm_bytes": hbm + sum(c[2] for c in ctas)})
+    return steps
+
+
+def gqa_loops(kernel: dict) -> dict:
+    """The long-prefill kernel's two hot loops, told apart by what the geometry says each does
+    per warp-iteration: the pv loop exponentiates its rows x keys scores (MUFU), the qk loop none."""
+    loops = kernel["hot_loops"]
+    pv = [lp for lp in loops if lp["mix"].get("mufu", 0)]
+    qk = [lp for lp in loops if not lp["mix"].get("mufu", 0)]
+    if len(pv) != 1 or len(qk) != 1 or any("outside" not in lp for lp in loops):
+        raise EnvironmentProblem(f"kernel {kernel['kernel']}: expected one qk hot loop (no MUFU) and one pv hot loop "
+                                 f"(MUFU), each with its tile's code; got {len(qk)} and {len(pv)}")
+    return {"qk": qk[0], "pv": pv[0]}
+
+
+def gqa_launches(shape: Shape, kernel: dict) -> tuple[list[KernelLaunch], dict]:
+    """The sm70-gqa-prefill route's launches for ``shape``: per step one launch whose CTAs are
+    runs of pv, qk and idle tiles (``KernelLaunch.more``); each tile's code outside its hot loop is
+    charged once per CTA (its pipes as the epilogue, its load rounds as the prologue)."""
+    g = kernel["geometry"]
+    plan = gqa_plan(shape, g)
+    loops = gqa_loops(kernel)
+    kinds = {name: CtaKind(LoopMix(**lp["model_mix"]), (), LoopMix(**lp["outside"]["model_mix"]),
+                           lp["outside"]["load_rounds"]) for name, lp in loops.items()}
+    kinds["idle"] = CtaKind(LoopMix(), (), LoopMix(), 0)
+    launches = []
+    for step in gqa_steps(shape, plan):
+        runs = []
+        for name, its, _ in step["ctas"]:
+            if runs and runs[-1][0] == name:
+                runs[-1][1].append(its)
+            else:
+                runs.append((name, [its]))
+        if not runs:
+            continue
+        parts = [replace(kinds[name], iterations=tuple(its)) for name, its in runs]
+        head = parts[0]
+        launches.append(KernelLaunch(kernel["kernel"], head.loop, head.iterations, g["warps"],
+                                     kernel["occupancy"]["blocks_per_sm"], head.epilogue, head.prologue_load_rounds,
+                                     step["hbm_bytes"], tuple(parts[1:])))
+    return launches, {"block_keys": plan["block_keys"], "blocks": plan["num_blocks"], "splits": 1}
+
+
+def gqa_eligible(shape: Shape, geometry: dict) -> bool:
+    """Shapes the long-prefill op takes: one causal sequence, its head dim, whole groups, KV >= Q."""
+    return (shape.causal and shape.b == 1 and shape.d == geometry["head_dim"] and shape.hkv > 0
+            and shape.hq % shape.hkv == 0 and shape.kv >= shape.q > 0)
+
+
 def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
     """Bound, model and calibrated time of a route made of ``launches`` (run one after another)."""
     details = [{**estimate_launch(x, card, v100), "bound": lower_bound(x, card, v100)} for x in launches]
@@ -325,13 +507,41 @@ def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibrati
         raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {ROUTE} for head dims "
                                  f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})")
     launches, plan = dense_launches(shape, kernel, card)
+    return prediction(shape, ROUTE, kernel, plan, launches, card, v100, calibration)
+
+
+def predict_gqa(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
+    """The sm70-gqa-prefill route on ``card`` for ``shape``, or None where the build has no such
+    kernel or the op does not take the shape."""
+    kernel = next((k for k in kernels if (k.get("geometry") or {}).get("route") == GQA_ROUTE), None)
+    if kernel is None or not gqa_eligible(shape, kernel["geometry"]):
+        return None
+    launches, plan = gqa_launches(shape, kernel)
+    p = prediction(shape, GQA_ROUTE, kernel, plan, launches, card, v100, calibration)
+    return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_loops(kernel).items()}}
+
+
+def prediction(shape: Shape, route: str, kernel: dict, plan: dict, launches: list[KernelLaunch], card: Card,
+               v100: dict, calibration: dict) -> dict:
     est = route_estimate(launches, card, v100, calibration)
     flops = useful_flops(shape)
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
-    return {"label": shape.label, "kernel": kernel["geometry"]["kernel"], "plan": plan,
+    return {"label": shape.label, "route": route, "kernel": kernel["geometry"]["kernel"], "plan": plan,
             "card": {"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
             "useful_flops": flops, **est, "tflops_upper_bound": tflops(est["bound_ms"]),
-            "calibrated_tflops": tflops(est["calibrated_ms"]), "factor": calibration["factor"]}
+            "calibrated_tflops": tflops(est["calibrated_ms"]), "factor": calibration["factor"],
+            "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"])}
+
+
+def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path
+                   ) -> list[dict]:
+    """The sm70-dense prediction and, where the long-prefill op takes the shape, its own with the
+    ratio of the dense route's calibrated time to it (``vs_dense``)."""
+    dense = predict(shape, rows, card, v100, calibration, artifact)
+    gqa = predict_gqa(shape, rows, card, v100, calibration)
+    if gqa is None:
+        return [dense]
+    return [dense, {**gqa, "vs_dense": dense["calibrated_ms"] / gqa["calibrated_ms"]}]
 
 
 def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card) -> dict:
@@ -341,8 +551,10 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
     info = load_build_info(artifact)
     if "error" in info and (shapes or not launch):
         raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {info['error']}")
-    declared = any(k.get("route") == ROUTE for k in info.get("kernels", []))
-    geometry = route_geometry(info, artifact) if shapes or declared else None
+    declared = {k.get("route") for k in info.get("kernels", [])}
+    geometry = route_geometry(info, artifact) if shapes or ROUTE in declared else None
+    if geometry is not None and GQA_ROUTE in declared:
+        geometry += route_geometry(info, artifact, GQA_ROUTE)
     launch = launch or launches_of(info)
     rows = kernel_rows(artifact, arch, launch, geometry)
     out = {"arch": arch, "kernels": rows}
@@ -351,7 +563,7 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
         calibration = calibrate(v100)
         out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
                    calibration=calibration,
-                   predictions=[predict(s, rows, card, v100, calibration, artifact) for s in shapes])
+                   predictions=[p for s in shapes for p in predict_routes(s, rows, card, v100, calibration, artifact)])
     return out
 
 
@@ -376,17 +588,18 @@ def render(result: dict) -> str:
         return "\n".join(lines)
     cal, card = result["calibration"], result["card"]
     lo, hi = cal["residual_range"]
-    lines += ["", f"Route {ROUTE} on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
+    lines += ["", f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
               f"bound: pipes only at {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). model: + exposed load latency, "
               f"prologue/epilogue, dispatch tail and HBM at the sustained {card['sustained_mhz']:g} MHz. "
               f"calibrated = model x {cal['factor']:.3f} ({len(cal['anchors'])} anchors, residuals "
               f"{lo:+.1%} .. {hi:+.1%}; tolerance +-{cal['tolerance']:.0%})."]
-    lines.append(_table([[p["label"], p["kernel"], p["plan"]["splits"], f"{p['bound_ms']:.3f}",
+    lines.append(_table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
                           _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['calibrated_ms']:.3f}",
-                          _num(p["calibrated_tflops"]), _limits(p["launches"])]
+                          _num(p["calibrated_tflops"]), f"{p['vs_dense']:.2f}x" if "vs_dense" in p else "-",
+                          _limits(p)]
                          for p in result["predictions"]],
-                        ["shape", "kernel", "splits", "bound ms", "TFLOP/s <=", "model ms", "calibrated ms",
-                         "calibrated TFLOP/s", "limited by"]))
+                        ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "calibrated ms",
+                         "calibrated TFLOP/s", "vs dense", "limited by"]))
     lines += ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
               "tools/fa2patch/data/anchors.toml), recomputed now:"]
     lines.append(_table([[a["name"], f"{a['measured']:.4g} {a['unit']}", f"{a['model']:.4g} {a['unit']}",
@@ -397,8 +610,13 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _limits(launches: list[dict]) -> str:
-    """What limits each launch: "compute" for the first, "<kernel> hbm" for the others."""
+def _limits(p: dict) -> str:
+    """What limits the route: per hot loop its binding pipe; per launch compute or HBM (the
+    dense route: "compute" for the first launch, "<kernel> hbm" for the others)."""
+    launches = p["launches"]
+    if p["route"] == GQA_ROUTE:
+        loops = ", ".join(f"{name} {pipe}" for name, pipe in p["binding_per_loop"].items())
+        return f"{loops}; hbm binds {p['hbm_limited_launches']} of {len(launches)} launches"
     return ", ".join(x["limited_by"] if i == 0 else f"{x['name'].split('(')[0].split('::')[-1]} {x['limited_by']}"
                      for i, x in enumerate(launches))
 

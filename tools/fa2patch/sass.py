@@ -92,6 +92,7 @@ class Instr:
     op: str                   # opcode with modifiers, without the predicate
     target: int | None = None  # branch target of a BRA
     args: str = ""            # operands as written
+    predicated: bool = False  # guarded by a predicate (@P0, @!P1, ...): may not run
 
     @property
     def registers(self) -> set[int]:
@@ -184,7 +185,7 @@ def parse_sass(text: str) -> list[SassFunction]:
             target = None
             if op.split(".")[0] == "BRA" and (t := _TARGET.search(m.group(4))):
                 target = int(t.group(1), 16)
-            current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip()))
+            current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip(), m.group(2) is not None))
     return functions
 
 

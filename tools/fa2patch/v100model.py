@@ -2,7 +2,9 @@
 
 A route's time is the sum of its kernel launches' times. One launch (``KernelLaunch``) is a grid
 of CTAs in launch order, each running some iterations of one hot loop (``LoopMix``: what one warp
-issues per iteration), plus a prologue and an epilogue, and moving some bytes through HBM.
+issues per iteration), plus a prologue and an epilogue, and moving some bytes through HBM. A kernel
+whose blockIdx picks one of several tiles has CTAs of several kinds (``CtaKind``, in
+``KernelLaunch.more``), each with its own loop, prologue and epilogue.
 ``estimate_launch`` turns that into time on a ``Card`` (SM count, clock):
 
 - pipes: per iteration, W warps of a sub-partition need W x (tensor: 2 clocks per
@@ -92,11 +94,22 @@ class LoopMix:
 
 
 @dataclass(frozen=True)
+class CtaKind:
+    """CTAs of one kind: ``iterations`` of ``loop`` each (in launch order), ``epilogue`` issued by
+    each warp once per CTA, ``prologue_load_rounds`` waited for before the first iteration."""
+    loop: LoopMix
+    iterations: tuple
+    epilogue: LoopMix = field(default_factory=LoopMix)
+    prologue_load_rounds: int = 1
+
+
+@dataclass(frozen=True)
 class KernelLaunch:
     """One kernel launch. ``iterations``: hot-loop iterations of each CTA, in launch order
     (blockIdx.x fastest). ``epilogue``: what each warp issues once per CTA after its hot loop.
     ``prologue_load_rounds``: global-load rounds each CTA waits for before its first iteration.
-    ``hbm_bytes``: DRAM traffic of the whole launch."""
+    ``hbm_bytes``: DRAM traffic of the whole launch. ``more``: CTAs of other kinds that follow in
+    the same grid (one kernel whose blockIdx picks the kind of tile it runs)."""
     name: str
     loop: LoopMix
     iterations: tuple
@@ -105,6 +118,10 @@ class KernelLaunch:
     epilogue: LoopMix = field(default_factory=LoopMix)
     prologue_load_rounds: int = 1
     hbm_bytes: float = 0.0
+    more: tuple = ()
+
+    def kinds(self) -> list[CtaKind]:
+        return [CtaKind(self.loop, self.iterations, self.epilogue, self.prologue_load_rounds), *self.more]
 
 
 def binding(cycles: dict[str, float]) -> str:
@@ -120,23 +137,31 @@ def makespan(durations, slots: int) -> float:
 
 
 def estimate_launch(launch: KernelLaunch, card: Card, v100: dict) -> dict:
-    """The model's time for one launch on ``card`` (see the module docstring)."""
+    """The model's time for one launch on ``card`` (see the module docstring). The details of the
+    first kind of CTA are at the top level; ``kinds`` has each kind's."""
     k = launch.ctas_per_sm
     w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)       # warps of one CTA per scheduler
-    pipes = launch.loop.pipes(w_cta, v100)
-    pipe = max(pipes.values())
-    exposed = launch.loop.exposed_latency(w_cta, v100)   # other CTAs fill it: round_cycles
-    round_cycles = max(k * pipe, pipe + exposed)                  # every resident CTA, one iteration
-    epilogue = max(launch.epilogue.pipes(w_cta, v100).values())
-    fixed = launch.prologue_load_rounds * v100["global_load_latency_cycles"] + epilogue
+    kinds, durations = [], []
+    for kind in launch.kinds():
+        pipes = kind.loop.pipes(w_cta, v100)
+        pipe = max(pipes.values())
+        exposed = kind.loop.exposed_latency(w_cta, v100)   # other CTAs fill it: round_cycles
+        round_cycles = max(k * pipe, pipe + exposed)                  # every resident CTA, one iteration
+        epilogue = max(kind.epilogue.pipes(w_cta, v100).values())
+        fixed = kind.prologue_load_rounds * v100["global_load_latency_cycles"] + epilogue
+        kinds.append({"ctas": len(kind.iterations), "cta_iterations": sum(kind.iterations),
+                      "pipes_per_cta_iteration": pipes, "binding": binding(pipes), "exposed_latency": exposed,
+                      "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
+        durations += [fixed + n * round_cycles for n in kind.iterations]
     clock = card.sustained_mhz(v100) * 1e6
-    compute = makespan((fixed + n * round_cycles for n in launch.iterations), card.sms * k)
+    compute = makespan(durations, card.sms * k)
     hbm = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
     seconds = max(compute / clock, hbm)
-    return {"name": launch.name, "ctas": len(launch.iterations), "cta_iterations": sum(launch.iterations),
-            "ctas_per_sm": k, "warps_per_subpartition": k * w_cta, "pipes_per_cta_iteration": pipes,
-            "binding": binding(pipes), "exposed_latency": exposed, "round_cycles": round_cycles,
-            "fixed_cycles_per_cta": fixed, "compute_cycles": compute, "clock_mhz": clock / 1e6,
+    first = kinds[0]
+    return {"name": launch.name, "ctas": len(durations), "cta_iterations": sum(x["cta_iterations"] for x in kinds),
+            "ctas_per_sm": k, "warps_per_subpartition": k * w_cta, **{x: first[x] for x in (
+                "pipes_per_cta_iteration", "binding", "exposed_latency", "round_cycles", "fixed_cycles_per_cta")},
+            "kinds": kinds, "compute_cycles": compute, "clock_mhz": clock / 1e6,
             "hbm_ms": hbm * 1e3, "limited_by": "hbm" if hbm > compute / clock else "compute",
             "ms": seconds * 1e3}
 
@@ -146,13 +171,12 @@ def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
     clock; the larger of all SMs busy all along (throughput), whole CTAs per SM (for every j,
     some SM runs j+1 of the j*sms+1 longest CTAs), and HBM bytes at full bandwidth."""
     w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)
-    per_cta_iteration = max(launch.loop.pipes(w_cta, v100).values())
-    longest = sorted(launch.iterations, reverse=True)
+    longest = sorted((n * max(kind.loop.pipes(w_cta, v100).values())
+                      for kind in launch.kinds() for n in kind.iterations), reverse=True)
     sms = card.sms
     cycles = {
-        "throughput": sum(longest) * per_cta_iteration / sms,
-        "cta_granularity": max(((j + 1) * longest[j * sms] * per_cta_iteration
-                                for j in range(-(-len(longest) // sms))), default=0.0),
+        "throughput": sum(longest) / sms,
+        "cta_granularity": max(((j + 1) * longest[j * sms] for j in range(-(-len(longest) // sms))), default=0.0),
     }
     seconds = {name: c / (card.clock_mhz * 1e6) for name, c in cycles.items()}
     seconds["hbm"] = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
