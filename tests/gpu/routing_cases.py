@@ -4,7 +4,7 @@
 
 The JSON holds ``scenario``, ``spec`` (an sm70_cases spec: the inputs and the FP32 reference
 come from there) and optionally ``override`` (call arguments that replace the spec's: max_seqlen_q,
-max_seqlen_k, scale). Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
+max_seqlen_k, scale) and ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d). Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
 
   route          one call checked against the FP32 reference; the route counters' change
   error          one call that must raise a typed error before any launch (out untouched)
@@ -31,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parents[1] / "tools")]
 
+import prefill_cases  # noqa: E402
 import sm70_cases  # noqa: E402
 
 ENV = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
@@ -222,6 +223,8 @@ def main(argv) -> int:
     else:
         inputs = sm70_cases.build_inputs(spec, "cuda")
         inputs.update(raw.get("override", {}))   # e.g. max_seqlen_q, scale: what the call passes instead
+        if raw.get("vllm_cache"):   # k/v as views of vLLM's (num_blocks, hkv, page, 2 d) cache
+            prefill_cases.vllm_views(spec, inputs)
         result = {"route": scenario_route, "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
                   "oom": scenario_oom, "graph": scenario_graph,
                   "corrupt_graph": scenario_corrupt_graph}[scenario](ops, spec, inputs)

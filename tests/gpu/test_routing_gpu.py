@@ -21,8 +21,8 @@ EXACT = "sm70-dense"
 BASE = {"seqlens": [[1024, 16384]], "hq": 4, "hkv": 1, "d": 256, "causal": True, "page_size": 16}
 
 
-def run(gpu_build, scenario, spec, env=None, timeout=600, override=None):
-    raw = {"scenario": scenario, "spec": spec, "override": override or {}}
+def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False):
+    raw = {"scenario": scenario, "spec": spec, "override": override or {}, "vllm_cache": vllm_cache}
     proc = subprocess.run([sys.executable, str(SCRIPT), str(gpu_build), json.dumps(raw)],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "FA2PATCH_FORCE_SM70": "1", **(env or {})})
@@ -59,6 +59,14 @@ def test_routing_table(gpu_build, name, change, env, group, key):
     if group != "routes":
         assert r[group] == {key: 1}, r
     assert r["ok"], r   # the numerics contract against FP32, on whichever route ran
+
+
+def test_routing_takes_vllms_cache_views(gpu_build):
+    """What vLLM passes: paged k/v as views of one (num_blocks, hkv, 16, 2 d) cache, seqused_k, a
+    block_table wider than the sequence needs, cu_seqlens_k left uninitialised."""
+    spec = {**BASE, "hq": 6, "extra_blocks": 5, "cu_seqlens_k": "garbage", "seed": 11}
+    r = run(gpu_build, "route", spec, vllm_cache=True)
+    assert r["routes"] == {PREFILL: 1} and r["ok"], r
 
 
 def test_routing_invalid_env_value_is_a_value_error(gpu_build):
