@@ -8,7 +8,7 @@ max_seqlen_k, scale) and ``vllm_cache`` (paged k/v as views of vLLM's KV cache, 
 
   route          one call checked against the FP32 reference; the route counters' change
   error          one call that must raise a typed error before any launch (out untouched)
-  oom            the workspace test hook forces the out-of-memory fallback: out and LSE must be
+  oom            the workspace test hook forces the out-of-memory fallback (two calls, one log line): out and LSE must be
                  bitwise those of the exact route (the env switch at "0"), and differ in route from
                  the same call without the hook
   graph          a CUDA graph captured around varlen_fwd replays with the exact route's result
@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -88,8 +89,11 @@ def scenario_oom(ops, spec, inputs) -> dict:
     ops._workspace_force_oom_for_testing(True)
     try:
         before = stats(ops)
-        out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-        lse = call(ops, spec, inputs, out)
+        with warnings.catch_warnings(record=True) as logged:
+            warnings.simplefilter("always")
+            for _ in range(2):   # counted twice, logged once
+                out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+                lse = call(ops, spec, inputs, out)
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
@@ -97,6 +101,7 @@ def scenario_oom(ops, spec, inputs) -> dict:
     free_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
     call(ops, spec, inputs, free_out)
     return {"oom": counted, "without_hook": delta(before, stats(ops)),
+            "log_lines": [str(w.message) for w in logged if "workspace_oom" in str(w.message)],
             "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
 
 

@@ -76,7 +76,8 @@ def test_routing_invalid_env_value_is_a_value_error(gpu_build):
 
 def test_routing_forced_oom_gives_the_exact_route_bitwise(gpu_build):
     r = run(gpu_build, "oom", BASE)
-    assert r["oom"]["fallbacks"] == {"workspace_oom": 1} and r["oom"]["routes"] == {EXACT: 1}, r
+    assert r["oom"]["fallbacks"] == {"workspace_oom": 2} and r["oom"]["routes"] == {EXACT: 2}, r
+    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r   # logged once per device and reason
     assert r["without_hook"]["routes"] == {PREFILL: 1}, r   # the same call routes normally again
     assert r["identical_to_exact"], r
 
