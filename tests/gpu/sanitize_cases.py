@@ -19,6 +19,7 @@ sys.path[:0] = [str(HERE), str(REPO / "tools")]
 from test_long_prefill_gpu import BAD as PREFILL_BAD, SCRIPT as PREFILL  # noqa: E402
 from test_long_prefill_guard_gpu import CASES as GUARD_CASES, SCRIPT as GUARD  # noqa: E402
 from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402
+from test_routing_gpu import BASE as ROUTING_BASE, CORRUPT, SCRIPT as ROUTING  # noqa: E402
 
 VARLEN, KVCACHE = SCRIPT, KVCACHE_SCRIPT
 FAMILIES = [
@@ -42,6 +43,10 @@ FAMILIES = [
     ("long_prefill", PREFILL, {"seqlens": [[200, 9000]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": True}),
     ("long_prefill", PREFILL, {"seqlens": [[77, 8300]], "hq": 16, "hkv": 1, "page_size": 48, "poison": True}),
     ("long_prefill", PREFILL, {"seqlens": [[300, 100]], "hq": 4, "hkv": 1}),
+    # patch 0004: a captured graph replayed with a corrupted block_table and seqused_k (memcheck: no
+    # out-of-bounds access), and long-prefill calls from two threads on two streams (racecheck).
+    ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": CORRUPT}),
+    ("routing_streams", ROUTING, {"scenario": "streams", "spec": {**ROUTING_BASE, "hq": 1}, "calls": 1}),
 ]
 
 

@@ -1,0 +1,242 @@
+"""Run ONE routing scenario of ``_vllm_fa2_C.varlen_fwd`` (patch 0004) and print one JSON line.
+
+    python tests/gpu/routing_cases.py <artifact.so> '<json>'
+
+The JSON holds ``scenario``, ``spec`` (an sm70_cases spec: the inputs and the FP32 reference
+come from there) and optionally ``override`` (call arguments that replace the spec's: max_seqlen_q,
+max_seqlen_k, scale) and ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d). Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
+
+  route          one call checked against the FP32 reference; the route counters' change
+  error          one call that must raise a typed error before any launch (out untouched)
+  oom            the workspace test hook forces the out-of-memory fallback (two calls, one log line): out and LSE must be
+                 bitwise those of the exact route (the env switch at "0"), and differ in route from
+                 the same call without the hook
+  graph          a CUDA graph captured around varlen_fwd replays with the exact route's result
+  streams        two threads on two streams, each several calls on its own inputs: every result
+                 bitwise equal to the same call made alone
+  devices        like streams, one thread per device (needs two GPUs)
+  tp_pair        the same shapes on two devices route identically (needs two GPUs)
+  corrupt_graph  a captured graph replayed with a corrupted block_table and seqused_k: no
+                 out-of-bounds access (compute-sanitizer), finite output, and the next eager call
+                 raises IndexError naming the previous call
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parents[1] / "tools")]
+
+import prefill_cases  # noqa: E402
+import sm70_cases  # noqa: E402
+
+ENV = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
+
+
+def stats(ops, device=0) -> dict:
+    return json.loads(ops.route_stats())["devices"][str(device)]
+
+
+def delta(before: dict, after: dict) -> dict:
+    """What the calls between two route_stats() snapshots added, per counter group."""
+    return {group: {k: v - before[group].get(k, 0) for k, v in after[group].items() if v != before[group].get(k, 0)}
+            for group in ("routes", "fallbacks", "exact_reasons")}
+
+
+def call(ops, spec, inputs, out):
+    import torch
+
+    ret = sm70_cases.call_op(ops.varlen_fwd, spec, inputs, out)
+    torch.cuda.synchronize()
+    return ret[1]
+
+
+def exact_route(ops, spec, inputs):
+    """out and LSE of the exact route (the rollback switch), on fresh outputs."""
+    previous = os.environ.get(ENV)
+    os.environ[ENV] = "0"
+    try:
+        out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+        return out, call(ops, spec, inputs, out)
+    finally:
+        if previous is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = previous
+
+
+def bitwise(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a.view(torch.int32),
+                                              b.view(torch.uint8) if b.dtype != torch.float32 else b.view(torch.int32))
+
+
+def scenario_route(ops, spec, inputs) -> dict:
+    before = stats(ops)
+    result = sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
+    result.update(delta(before, stats(ops)))
+    return result
+
+
+def scenario_oom(ops, spec, inputs) -> dict:
+    ref_out, ref_lse = exact_route(ops, spec, inputs)
+    ops._workspace_force_oom_for_testing(True)
+    try:
+        before = stats(ops)
+        with warnings.catch_warnings(record=True) as logged:
+            warnings.simplefilter("always")
+            for _ in range(2):   # counted twice, logged once
+                out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+                lse = call(ops, spec, inputs, out)
+        counted = delta(before, stats(ops))
+    finally:
+        ops._workspace_force_oom_for_testing(False)
+    before = stats(ops)
+    free_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    call(ops, spec, inputs, free_out)
+    return {"oom": counted, "without_hook": delta(before, stats(ops)),
+            "log_lines": [str(w.message) for w in logged if "workspace_oom" in str(w.message)],
+            "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
+
+
+def scenario_graph(ops, spec, inputs) -> dict:
+    import torch
+
+    ref_out, ref_lse = exact_route(ops, spec, inputs)
+    out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    call(ops, spec, inputs, out)   # eager warm-up (long-prefill route when eligible)
+    eager_routes = json.loads(ops.route_stats())
+    graph = torch.cuda.CUDAGraph()
+    before = stats(ops)
+    out.fill_(float("nan"))
+    with torch.cuda.graph(graph):
+        lse = sm70_cases.call_op(ops.varlen_fwd, spec, inputs, out)[1]
+    captured = delta(before, stats(ops))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return {"captured": captured, "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse),
+            "eager_devices": list(eager_routes["devices"])}
+
+
+def concurrent(ops, spec, devices, streams_per_device, calls) -> dict:
+    """Threads (one per stream) issuing `calls` calls each on their own inputs; every result is
+    compared bitwise with the same call made alone beforehand."""
+    import torch
+
+    jobs = []
+    for device in devices:
+        for s in range(streams_per_device):
+            with torch.cuda.device(device):
+                inputs = sm70_cases.build_inputs({**spec, "seed": 100 * device + s}, f"cuda:{device}")
+                alone = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+                lse = call(ops, spec, inputs, alone)
+                jobs.append({"device": device, "inputs": inputs, "alone": (alone, lse),
+                             "stream": torch.cuda.Stream(device=device), "results": [], "error": None})
+    before = {d: stats(ops, d) for d in devices}
+    start = threading.Barrier(len(jobs))
+
+    def work(job):
+        try:
+            with torch.cuda.device(job["device"]), torch.cuda.stream(job["stream"]):
+                start.wait()
+                for _ in range(calls):
+                    out = sm70_cases.new_out(job["inputs"], spec["hq"], spec["d"])[1]
+                    lse = sm70_cases.call_op(ops.varlen_fwd, spec, job["inputs"], out)[1]
+                    job["results"].append((out, lse))
+                job["stream"].synchronize()
+        except Exception as exc:  # reported, not lost in the thread
+            job["error"] = f"{type(exc).__name__}: {sm70_cases._first_line(exc)}"
+
+    threads = [threading.Thread(target=work, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    return {"errors": [j["error"] for j in jobs if j["error"]],
+            "identical": all(bitwise(o, j["alone"][0]) and bitwise(l, j["alone"][1])
+                             for j in jobs for o, l in j["results"]) and all(len(j["results"]) == calls for j in jobs),
+            "routes": {str(d): delta(before[d], stats(ops, d))["routes"] for d in devices},
+            "workspace_bytes": {str(d): stats(ops, d)["workspace_bytes"] for d in devices}}
+
+
+def scenario_tp_pair(ops, spec, inputs) -> dict:
+    import torch
+
+    routes = {}
+    for device in (0, 1):
+        with torch.cuda.device(device):
+            x = sm70_cases.build_inputs(spec, f"cuda:{device}")
+            before = stats(ops, device)
+            call(ops, spec, x, sm70_cases.new_out(x, spec["hq"], spec["d"])[1])
+            routes[str(device)] = delta(before, stats(ops, device))
+    return {"per_device": routes}
+
+
+def scenario_corrupt_graph(ops, spec, inputs) -> dict:
+    import torch
+
+    out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    call(ops, spec, inputs, out)   # eager: allocates the device's error flag
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sm70_cases.call_op(ops.varlen_fwd, spec, inputs, out)
+    table, used = inputs["block_table"], inputs["seqused_k"]
+    table[0, 0] = 1 << 30           # a page id far outside the cache
+    table[-1, -1] = -5
+    used[-1] = 1 << 24              # keys far beyond the table's pages
+    graph.replay()
+    torch.cuda.synchronize()
+    result = {"replayed_finite": bool(torch.isfinite(out).all())}
+    fresh = sm70_cases.build_inputs(spec, "cuda")   # valid inputs: only the flag can raise
+    result.update(sm70_cases.error_of(
+        lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda"))
+    after = sm70_cases.error_of(
+        lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda")
+    result["next_call_clean"] = after["raised"] is None
+    return result
+
+
+def main(argv) -> int:
+    if len(argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    raw = json.loads(argv[2])
+    scenario = raw["scenario"]
+    spec = sm70_cases._spec(raw["spec"])
+    torch.ops.load_library(argv[1])
+    ops = torch.ops._vllm_fa2_C
+    t0 = time.perf_counter()
+    if scenario in ("devices", "tp_pair") and torch.cuda.device_count() < 2:
+        result = {"skipped": f"needs two GPUs, {torch.cuda.device_count()} visible"}
+    elif scenario == "streams":
+        result = concurrent(ops, spec, [0], 2, int(raw.get("calls", 3)))
+    elif scenario == "devices":
+        result = concurrent(ops, spec, [0, 1], 1, int(raw.get("calls", 3)))
+    elif scenario == "tp_pair":
+        result = scenario_tp_pair(ops, spec, None)
+    else:
+        inputs = sm70_cases.build_inputs(spec, "cuda")
+        inputs.update(raw.get("override", {}))   # e.g. max_seqlen_q, scale: what the call passes instead
+        if raw.get("vllm_cache"):   # k/v as views of vLLM's (num_blocks, hkv, page, 2 d) cache
+            prefill_cases.vllm_views(spec, inputs)
+        result = {"route": scenario_route, "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
+                  "oom": scenario_oom, "graph": scenario_graph,
+                  "corrupt_graph": scenario_corrupt_graph}[scenario](ops, spec, inputs)
+    result["seconds"] = round(time.perf_counter() - t0, 3)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sm70_cases.run_script(main)
