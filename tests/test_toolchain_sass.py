@@ -93,6 +93,30 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     assert "no launch configuration" in rows["three_mma"].detail
 
 
+# A kernel that needs more than 16 registers: built with ptxas' limit at 16, it spills.
+PRESSURE = textwrap.dedent("""
+    __global__ void pressure(const float* in, float* out) {
+      float r[24];
+      for (int i = 0; i < 24; ++i) r[i] = in[threadIdx.x * 24 + i];
+      float acc = 0.f;
+      for (int j = 0; j < 24; ++j) for (int i = 0; i < 24; ++i) acc += r[i] * r[(i + j) % 24];
+      for (int i = 0; i < 24; ++i) out[threadIdx.x * 24 + i] = r[i] * acc;
+    }
+""")
+
+
+def test_spills_fail_the_shipped_arch_and_are_reported_on_a_lab_build(clang_cuda, tmp_path):
+    obj, log = compile_cu(clang_cuda, PRESSURE, tmp_path, ["-Xcuda-ptxas", "--maxrregcount=16"])
+    spilled = sass.parse_ptxas_log(log)["_Z8pressurePKfPf"]
+    assert spilled.spill_stores > 0, log   # the premise: ptxas spilled
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text("[default]\n")
+    (row,) = check_kernels(_manifest(log, []), obj, budgets, {"pressure*": (32, 0)})
+    assert not row.ok and "spill bytes expected <= 0" in row.detail
+    (row,) = check_kernels({**_manifest(log, []), "lab": True}, obj, budgets, {"pressure*": (32, 0)})
+    assert row.ok and "spill bytes expected <= 0" in row.detail and "lab build" in row.detail
+
+
 def test_spill_budget_cannot_be_loosened(tmp_path):
     from fa2patch.errors import CheckFailed
     from fa2patch.verify import load_budgets

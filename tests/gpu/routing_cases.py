@@ -28,6 +28,7 @@ exact route is faster) or "device". Run with FA2PATCH_FORCE_SM70=1 off V100. Sce
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -89,15 +90,30 @@ def scenario_route(ops, spec, inputs) -> dict:
 
 
 def scenario_oom(ops, spec, inputs) -> dict:
+    import torch
+
     ref_out, ref_lse = exact_route(ops, spec, inputs)
     ops._workspace_force_oom_for_testing(True)
     try:
         before = stats(ops)
-        with warnings.catch_warnings(record=True) as logged:
+        # TORCH_WARN reaches Python as a warning, or (outside torch's Python warning handler, as for
+        # torch.ops calls) c10's default handler writes it to stderr: collect both.
+        with warnings.catch_warnings(record=True) as logged, tempfile.TemporaryFile("w+") as err:
             warnings.simplefilter("always")
-            for _ in range(2):   # counted twice, logged once
-                out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-                lse = call(ops, spec, inputs, out)
+            sys.stderr.flush()
+            saved = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                for _ in range(2):   # counted twice, logged once
+                    out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+                    lse = call(ops, spec, inputs, out)
+                torch.cuda.synchronize()
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            lines = [str(w.message) for w in logged] + err.read().splitlines()
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
@@ -105,7 +121,7 @@ def scenario_oom(ops, spec, inputs) -> dict:
     free_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
     call(ops, spec, inputs, free_out)
     return {"oom": counted, "without_hook": delta(before, stats(ops)),
-            "log_lines": [str(w.message) for w in logged if "workspace_oom" in str(w.message)],
+            "log_lines": [line for line in lines if "workspace_oom" in line],
             "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
 
 

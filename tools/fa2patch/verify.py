@@ -181,9 +181,14 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         shared = (res.shared if res else px["smem"]) + (launch[1] if launch else 0)
         if regs > budget.max_registers:
             problems.append(f"registers expected <= {budget.max_registers}, actual {regs}")
+        notes = []
         if spills is not None and spills > budget.max_spill_bytes:
             what = "spill bytes" if px else "stack frame bytes (no ptxas log: a spill-free kernel has none)"
-            problems.append(f"{what} expected <= {budget.max_spill_bytes}, actual {spills}")
+            # The spill rule is about V100 speed, so it binds the shipped sm_70 SASS; a lab build
+            # (another compiler and architecture, only for correctness) reports its spills.
+            (notes if manifest.get("lab") else problems).append(
+                f"{what} expected <= {budget.max_spill_bytes}, actual {spills}"
+                + (" (lab build: not a budget)" if manifest.get("lab") else ""))
         if shared > budget.max_shared_bytes:
             problems.append(f"shared memory (static + dynamic) expected <= {budget.max_shared_bytes}, "
                             f"actual {shared}")
@@ -198,7 +203,7 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         numbers = {"registers": regs, "spill_bytes": spills, "stack": res.stack if res else None,
                    "shared": shared, "local": res.local if res else None, "hmma": hmma,
                    "traps": traps}
-        rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems) or "ok", numbers))
+        rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems + notes) or "ok", numbers))
     for pat in patterns:
         if not any(sass.kernel_matches(pretty[n], pat) for n in names):
             rows.append(Row("kernel", pat, False, f"no kernel matches the tensor-core pattern {pat!r}"))
