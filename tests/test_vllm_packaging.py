@@ -18,19 +18,19 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from fa2patch.verify import load_expected_schemas
 from helpers import REPO, locked_toolchain, require_toolchain
 
 PROBE = Path(__file__).with_name("vllm_gate_probe.py")
 # The operators the extension must register: the list written down before any build.
-_SCHEMAS = tomllib.loads((REPO / "schemas" / "vllm_fa2_ops.toml").read_text())
-SCHEMA_OPS = sorted(f"{_SCHEMAS['namespace']}::{name}" for name in _SCHEMAS["ops"])
+_NAMESPACE, _SCHEMAS = load_expected_schemas(REPO / "schemas" / "vllm_fa2_ops.toml")
+SCHEMA_OPS = sorted(f"{_NAMESPACE}::{name}" for name in _SCHEMAS)
 YES = {"is_fa2_supported": [True, None], "get_flash_attn_version": 2, "supports_compute_capability": True}
 # vLLM's own answers without an extension that serves the capability (written down beforehand).
 NO = {"is_fa2_supported": [False, "FA2 is only supported on devices with compute capability >= 8"],
