@@ -159,3 +159,15 @@ def test_rederive_matches_the_recorded_data(tmp_path):
         if "loop" in var:
             assert new["loop"]["mix"] == var["loop"]["mix"]
             assert new["loop"]["model_mix"]["load_use_gaps"] == var["loop"]["model_mix"]["load_use_gaps"]
+
+
+def test_report_section_compares_model_with_model():
+    """`report --peer vllm-triton`'s section: the peer's model time over each route's model time for
+    the same shape (both uncalibrated), and the plain statement that the peer has no tensor cores."""
+    s = shape(4096, 4096, 6, 1, 256)
+    e = peer.peer_estimate(s, Card(72, 1530.0), DATA, load_v100())
+    route = {"label": s.label, "route": "sm70-dense", "model_ms": e["model_ms"] / 4}
+    text = peer.render([e], [route])
+    assert "WITHOUT tensor cores" in text and "uncalibrated" in text
+    assert "sm70-dense 4.00x" in text
+    assert peer.render([e]).splitlines()[-1].rstrip().endswith("-")
