@@ -318,9 +318,13 @@ def smoke(ctx, archs, as_json):
 @click.option("--clock", "clock_mhz", type=click.FloatRange(min=100, max=2000), default=1530.0, show_default=True,
               help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
                    "of it and the sustained clock under tensor load")
+@click.option("--peer", type=click.Choice(["vllm-triton"]), default=None,
+              help="with --shapes, also the model's time of what a V100 runs without fa2patch: vLLM 0.33's "
+                   "TRITON_ATTN kernels, from their recorded sm_70 SASS (no tensor cores; "
+                   "docs/peer-vllm-triton.md)")
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, shapes, sms, clock_mhz, as_json):
+def report(ctx, arch, launches, shapes, sms, clock_mhz, peer, as_json):
     """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
     with --shapes, per shape a bound, the model's time and a calibrated estimate (model x one
     factor fitted to published V100 measurements, listed with their residuals)."""
@@ -339,11 +343,19 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, as_json):
             raise click.BadParameter(f"expected GLOB=THREADS[:DYN_SMEM], got {item!r}", param_hint="--launch")
         launch[glob] = (int(threads), int(dyn or 0))
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
+    if peer and not shape_list:
+        raise click.BadParameter("needs --shapes", param_hint="--peer")
     result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz))
+    if peer:
+        from . import peer as peer_model
+
+        result["peer"] = [peer_model.peer_estimate(s, Card(int(sms), clock_mhz)) for s in shape_list]
     if as_json:
         click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
     else:
         click.echo(render(result))
+        if peer:
+            click.echo("\n" + peer_model.render(result["peer"], result.get("predictions", [])))
 
 
 @cli.command()
