@@ -370,10 +370,15 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, peer, as_json):
 @click.option("--reps", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json-file", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="also write the JSON result to this file (one run gives the table and the JSON)")
+@click.option("--markdown-file", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
+              help="also write a Markdown summary (machine, timings, clocks, power, throttling, estimates) "
+                   "to paste into an issue report")
 @json_option
 @pass_ctx
-def bench(ctx, arch, routes, shapes, warmup, reps, json_file, as_json):
-    """Time routes of the extension over a shape sweep (CUDA events) with numerics."""
+def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_json):
+    """Time routes of the extension over a shape sweep (CUDA events) with numerics, and record the
+    card: SM/memory clock, power, temperature and throttle reasons sampled through NVML during every
+    timed case; on an SM70 card, report's calibrated estimate beside each time."""
     from . import bench as b
     from .digest import sha256_file
     from .verify import load_manifest
@@ -388,15 +393,22 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, as_json):
         raise click.BadParameter("give one or two routes", param_hint="--routes")
 
     def progress(items):
+        if as_json:
+            yield from items
+            return
         with click.progressbar(items, label="bench", file=sys.stderr,
                                item_show_func=lambda it: it and f"{it[1]} {it[0].label}") as bar:
             yield from bar
 
     result = b.bench(gpu, artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
                      warmup, reps, progress=progress)
+    if result["is_v100"]:
+        b.attach_model(result, artifact, arch)
     result = {"ok": all(r.get("contract_ok") for r in result["results"]), **result}
     if json_file is not None:
         json_file.write_text(json.dumps(result, indent=1) + "\n")
+    if markdown_file is not None:
+        markdown_file.write_text(b.markdown(result))
     return _finish(as_json, result, lambda: b.render(result))
 
 
