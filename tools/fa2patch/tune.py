@@ -80,10 +80,10 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     from . import report
     from .bench import Shape
 
-    h = plan.heads
-    label = f"V100 with {card.sms} SMs at {card.clock_mhz:g} MHz"
     if sm70_artifact is None:
         return {"available": False, "note": "no estimate: report needs an sm_70 build (fa2patch build --arch sm_70)"}
+    h = plan.heads
+    label = f"V100 with {card.sms} SMs at {card.clock_mhz:g} MHz"
     shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, h.d ** -0.5) for q, kv in plan.points]
     try:
         predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card)["predictions"]
