@@ -429,8 +429,7 @@ class FakeCall:
         self.log.append(("gqa", None))
 
 
-def test_run_route_forces_each_route(monkeypatch):
-    monkeypatch.delenv(tune.ENV_EXACT, raising=False)
+def test_run_route_forces_each_route():
     ops = FakeOps()
     tune.run_route(ops, "sm70-dense", 1, FakeCall(ops.log))
     tune.run_route(ops, "sm70-dense", 3, FakeCall(ops.log))
@@ -536,3 +535,112 @@ def test_tune_without_gpu_exits_3(config):
         pytest.skip("a GPU is present: tests/gpu/test_tune_gpu.py covers tune there")
     proc = fa2patch("tune", "--model-config", str(config), "--max-model-len", "4096")
     assert proc.returncode == 3 and "no CUDA GPU" in proc.stderr
+
+
+# --- one point measured through a fake extension on the CPU -----------------------------------------
+
+class CpuTorch:
+    """torch with the "cuda" device mapped to the CPU and fake CUDA events (the worker's logic
+    runs unchanged; no timing means anything here)."""
+
+    def __init__(self):
+        import time as _time
+
+        import torch as real
+
+        self.real = real
+        clock = iter(range(1, 10 ** 6))
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = next(clock) + _time.perf_counter() * 0
+
+            def elapsed_time(self, other):
+                return float(other.t - self.t)
+
+        self.cuda = type("cuda", (), {"Event": Event, "synchronize": staticmethod(lambda: None),
+                                      "current_device": staticmethod(lambda: 0)})
+
+    def __getattr__(self, name):
+        attr = getattr(self.real, name)
+        if name in ("randn", "randperm", "tensor", "empty", "full_like", "Generator"):
+            def cpu(*args, **kw):
+                kw.pop("device", None)
+                return attr(*args, **kw)
+            return cpu
+        return attr
+
+
+class CpuOps:
+    """varlen_fwd and gqa_prefill_fwd writing q's values (gqa: slightly off, or far off when
+    ``gqa_error``), route_stats counting varlen calls as the route the environment and the split
+    hook select."""
+
+    def __init__(self, gqa_error=5e-4, count_as=None):
+        self.splits, self.counts, self.gqa_error, self.count_as = 0, {}, gqa_error, count_as
+
+    def _routing_prefill_splits_for_testing(self, n):
+        self.splits = n
+
+    def varlen_fwd(self, q, k, v, out, *args):
+        assert os.environ[tune.ENV_EXACT] == "0"
+        name = self.count_as or ("sm70-dense-splitkv" if self.splits > 1 else "sm70-dense")
+        self.counts[name] = self.counts.get(name, 0) + 1
+        out.copy_(q)
+
+    def gqa_prefill_workspace_bytes(self, sq, sk, hq, hk):
+        return 64
+
+    def gqa_prefill_fwd(self, q, k, v, out, table, seqlen_k, scale, ws):
+        assert ws.numel() == 64 and table.shape == (1, -(-seqlen_k // 16))
+        out.copy_(q.float() * (1 + self.gqa_error))
+
+    def route_stats(self):
+        return json.dumps({"devices": {"0": {"routes": self.counts}}})
+
+
+SPEC = {"heads": {"hq": 6, "hkv": 1, "d": 64}, "block_size": 16, "warmup": 2, "reps": 3}
+ROUTES = [("sm70-dense", 1), ("sm70-dense", 2), ("sm70-gqa-prefill", 1)]
+
+
+@pytest.fixture(autouse=True)
+def restore_route_env(monkeypatch):
+    """run_route sets the exact-route switch in this process: restore it after each test."""
+    monkeypatch.setenv(tune.ENV_EXACT, "1")
+
+
+def test_measure_point_times_checks_and_compares():
+    ops = CpuOps()
+    event = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)
+    rows = {(r["route"], r["splits"]): r for r in event["rows"]}
+    assert (event["q"], event["kv"], event["clocks"]) == (40, 100, None)
+    assert all(len(r["times_ms"]) == 3 and r["ok"] for r in rows.values()), rows
+    assert 0 < rows[("sm70-gqa-prefill", 1)]["numerics"]["rel_l2"] < 1e-3
+    assert rows[("sm70-dense", 2)]["numerics"]["max_abs"] == 0
+    # warm-up 2 + 3 rounds + 1 numerics call per varlen route
+    assert ops.counts == {"sm70-dense": 6, "sm70-dense-splitkv": 6} and ops.splits == 0
+
+
+def test_a_route_that_breaks_the_numerics_is_marked():
+    ops = CpuOps(gqa_error=1e-2)
+    rows = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)["rows"]
+    gqa = next(r for r in rows if r["route"] == "sm70-gqa-prefill")
+    assert gqa["ok"] is False and gqa["numerics"]["rel_l2"] > 1e-3
+
+
+def test_a_route_that_was_not_forced_is_an_error_not_a_measurement():
+    ops = CpuOps(count_as="sm70-gqa-prefill")   # the router took another route than the one forced
+    rows = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES[:2], None, None)["rows"]
+    assert all("RouteNotForced" in r["error"] and not r["times_ms"] for r in rows)
+
+
+def test_the_loaded_library_is_found_in_the_process_maps():
+    path = tune.loaded_library("libc.so")           # any shared object this process mapped
+    if path is None:
+        pytest.skip("no /proc/self/maps here")
+    assert os.path.isfile(path) and "libc.so" in os.path.basename(path)
+    assert tune.sha256_of(path) == hashlib.sha256(open(path, "rb").read()).hexdigest()
+    assert tune.loaded_library("no-such-library-name") is None
