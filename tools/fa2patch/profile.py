@@ -1,4 +1,4 @@
-"""Routing profiles (format 1, /work/scratch/routing-profile-spec.md; README "Routing profiles"):
+"""Routing profiles (format 1; README "Tuning routing for your card"):
 the decisions `fa2patch tune` derives from its measurements, and the Python validator of a
 profile file (``tune --check``, tests). The extension reads the same files (patch 0004).
 
