@@ -644,3 +644,40 @@ def test_the_loaded_library_is_found_in_the_process_maps():
     assert os.path.isfile(path) and "libc.so" in os.path.basename(path)
     assert tune.sha256_of(path) == hashlib.sha256(open(path, "rb").read()).hexdigest()
     assert tune.loaded_library("no-such-library-name") is None
+
+
+def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
+    """The command's wiring (plan, estimate, progress, profile file, text) with the GPU probe and
+    the worker replaced: an H200 whose measurements are _points()."""
+    from click.testing import CliRunner
+
+    import fa2patch.smoke as smoke
+    from fa2patch.cli import cli
+
+    real = smoke._python_json
+    monkeypatch.setattr(smoke, "_python_json", lambda code, *a, **k: {
+        "cuda": True, "name": "NVIDIA H200", "capability": "sm_90", "sms": 132} if code == smoke.GPU_PROBE
+        else real(code, *a, **k))
+    seen = {}
+
+    def fake_run(artifact, plan, progress=None):
+        seen.update(artifact=artifact, plan=plan)
+        points = _points()
+        for p in points:
+            progress and progress(p)
+        return {"start": _start((9, 0)), "points": points, "stderr": ""}
+
+    monkeypatch.setattr(tune, "run", fake_run)
+    monkeypatch.setenv("FA2PATCH_ROOT", str(REPO))
+    so = tmp_path / "ext.so"
+    so.write_bytes(b"x")
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(cli, ["tune", "--model-config", str(config), "--tp", "4", "--max-num-batched-tokens",
+                                      "4096", "--max-model-len", "8192", "--artifact", str(so), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen["artifact"] == so and seen["plan"].heads == RankHeads(6, 1, 256)
+    doc = profile.check_file(out)
+    assert doc["device"]["name"] == "Tesla V100-SXM2-32GB"      # the (fake) worker's device
+    assert f"export FA2PATCH_ROUTING_PROFILE={out}" in result.output
+    assert "not a V100" in result.output and "not V100 timings" in result.output
+    assert "Q=4096: KV 4096, 8192" in result.output          # the plan, printed before measuring
