@@ -281,6 +281,9 @@ REFUSALS = [
     ("bad_field", (["decisions", 0, "group"], 0)),
     ("bad_field", (["decisions", 0, "group"], True)),
     ("bad_field", (["decisions", 0, "head_dim"], 256.0)),
+    ("bad_field", (["decisions", 0, "head_dim"], 512)),            # the extension's reader: head dims up to 256
+    ("bad_field", (["decisions", 0, "kv"], [0, 2 ** 63])),
+    ("bad_field", (["device", "sms"], 2 ** 21)),
     ("bad_field", (["decisions", 0, "q"], [2048, 2048])),
     ("bad_field", (["decisions", 0, "q"], [2048, 1024])),
     ("bad_field", (["decisions", 0, "kv"], [-1, 5])),
@@ -434,7 +437,11 @@ def test_run_route_forces_each_route():
     tune.run_route(ops, "sm70-dense", 1, FakeCall(ops.log))
     tune.run_route(ops, "sm70-dense", 3, FakeCall(ops.log))
     tune.run_route(ops, "sm70-gqa-prefill", 1, FakeCall(ops.log))
-    assert ops.log == [("varlen", "0"), ("hook", 3), ("varlen", "0"), ("hook", 0), ("gqa", None)]
+    assert ops.log == [("hook", 1), ("varlen", "0"), ("hook", 0), ("hook", 3), ("varlen", "0"), ("hook", 0),
+                       ("gqa", None)]
+    bare = FakeOps(hook=False)
+    tune.run_route(bare, "sm70-dense", 1, FakeCall(bare.log))
+    assert bare.log == [("varlen", "0")]
 
 
 def test_run_route_restores_the_split_hook_when_the_call_fails():

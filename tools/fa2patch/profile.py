@@ -32,6 +32,8 @@ REQUIRED = ("format", "device", "extension_sha256", "decisions")
 DEVICE_KEYS = ("name", "sms", "capability")
 DECISION_KEYS = {"group", "head_dim", "q", "kv", "route", "splits"}
 MAX_SPLITS = 16
+# The extension's reader's bounds (patch 0004, profile.cpp): the same file gets the same answer.
+MAX_HEAD_DIM, MAX_GROUP, MAX_SMS, MAX_RANGE_END = 256, 1 << 16, 1 << 20, 1 << 62
 
 
 class ProfileRefused(CheckFailed):
@@ -186,8 +188,9 @@ def _device(dev, where: str) -> None:
         raise ProfileRefused("unknown_key", f"{where}: device: unknown key(s) {', '.join(unknown)}")
     if not isinstance(dev.get("name"), str) or not dev["name"]:
         raise ProfileRefused("bad_field", f"{where}: device.name: expected a non-empty string, actual {dev.get('name')!r}")
-    if not _int(dev.get("sms"), 1):
-        raise ProfileRefused("bad_field", f"{where}: device.sms: expected an integer >= 1, actual {dev.get('sms')!r}")
+    if not _int(dev.get("sms"), 1, MAX_SMS):
+        raise ProfileRefused("bad_field", f"{where}: device.sms: expected an integer 1..{MAX_SMS}, "
+                                          f"actual {dev.get('sms')!r}")
     cap = dev.get("capability")
     if not (isinstance(cap, list) and len(cap) == 2 and all(_int(c, 0) for c in cap)):
         raise ProfileRefused("bad_field", f"{where}: device.capability: expected [major, minor], actual {cap!r}")
@@ -199,13 +202,13 @@ def _decision(d, where: str) -> None:
     unknown = sorted(set(d) - DECISION_KEYS)
     if unknown:
         raise ProfileRefused("unknown_key", f"{where}: unknown key(s) {', '.join(unknown)}")
-    for key in ("group", "head_dim"):
-        if not _int(d.get(key), 1):
-            raise ProfileRefused("bad_field", f"{where}.{key}: expected an integer >= 1, actual {d.get(key)!r}")
+    for key, high in (("group", MAX_GROUP), ("head_dim", MAX_HEAD_DIM)):
+        if not _int(d.get(key), 1, high):
+            raise ProfileRefused("bad_field", f"{where}.{key}: expected an integer 1..{high}, actual {d.get(key)!r}")
     for key in ("q", "kv"):
         r = d.get(key)
-        if not (isinstance(r, list) and len(r) == 2 and all(_int(x, 0) for x in r) and r[0] < r[1]):
-            raise ProfileRefused("bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi, "
+        if not (isinstance(r, list) and len(r) == 2 and all(_int(x, 0, MAX_RANGE_END) for x in r) and r[0] < r[1]):
+            raise ProfileRefused("bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi <= 2^62, "
                                               f"actual {r!r}")
     route = d.get("route")
     if not isinstance(route, str):

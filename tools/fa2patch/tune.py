@@ -13,12 +13,15 @@ card during the rounds (``gpu_clocks``). Numerics (untimed): each route's output
 route's on the same inputs (finite, relative L2 within the contract's bound).
 
 How a route is forced is in ONE function, ``run_route``: the exact route through
-VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL=0 (read on every call), the long-prefill
-route through its explicit op ``gqa_prefill_fwd`` with a workspace sized by
-``gqa_prefill_workspace_bytes``, split-KV through the extension's test hook
-``_routing_prefill_splits_for_testing(splits)`` (0 restores the default; a build without it has no
-split-KV route to measure). After the first call of a varlen route at each point, route_stats()
-must have counted that route: a route that was not really forced is an error, not a measurement.
+VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL=0 (read on every call; README "Routing"),
+the long-prefill route through its explicit op ``gqa_prefill_fwd`` with a workspace sized by
+``gqa_prefill_workspace_bytes`` (as tests/gpu/prefill_cases.py calls it), split-KV through the
+extension's test hook ``_routing_prefill_splits_for_testing(splits)`` (patch 0004: while > 0, every
+call split-KV can take runs the exact route with that many splits, 1 = unsplit, before the profile
+and the built-in rule; 0 = off). Where the hook exists the exact route is taken with it at 1 too,
+so no built-in split can creep in; a build without it has no split-KV route to measure. After the
+warm-up calls of a varlen route at each point, route_stats() must have counted that route: a route
+that was not really forced is an error, not a measurement.
 The worker runs with FA2PATCH_FORCE_SM70=1 (the lab switch: the SM70 kernels on any GPU; a no-op
 on a V100) and without FA2PATCH_ROUTING_PROFILE (a profile must not steer its own measurement).
 Off a V100 the timings are not V100 timings; the profile and the output say so.
@@ -256,15 +259,16 @@ def split_hook(ops):
 def run_route(ops, route: str, splits: int, call, events=None) -> None:
     """Force ``route`` (with ``splits``) for one launch of ``call`` (a ``Call``); with ``events``
     (start, end CUDA events) record them around the launch only. The one place that knows how."""
+    hook = None
     if route == profile.GQA:
         launch = call.gqa
     else:
         os.environ[ENV_EXACT] = "0"
         launch = call.varlen
-        if splits > 1:
-            hook = split_hook(ops)
-            if hook is None:
-                raise RouteNotForced(f"this extension has no {SPLIT_HOOK}: no split-KV prefill to measure")
+        hook = split_hook(ops)
+        if hook is None and splits > 1:
+            raise RouteNotForced(f"this extension has no {SPLIT_HOOK}: no split-KV prefill to measure")
+        if hook is not None:
             hook(splits)
     try:
         if events:
@@ -273,8 +277,8 @@ def run_route(ops, route: str, splits: int, call, events=None) -> None:
         if events:
             events[1].record()
     finally:
-        if route != profile.GQA and splits > 1:
-            split_hook(ops)(0)
+        if hook is not None:
+            hook(0)
 
 
 class Call:
