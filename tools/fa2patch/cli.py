@@ -79,7 +79,7 @@ def cli():
 
     Pipeline: fetch -> replay -> build -> verify -> smoke; export writes workspace commits
     back to patches/. Exit codes: 0 ok, 1 a check or build step failed, 2 usage or
-    environment error, 3 nothing to launch on this machine (smoke, bench). With --json, every
+    environment error, 3 nothing to launch on this machine (smoke, bench, tune). With --json, every
     command prints one JSON object with an "ok" field, errors included.
     """
 
