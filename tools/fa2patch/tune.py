@@ -112,7 +112,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
 
 # --- running ----------------------------------------------------------------------------------------
 
-def run(artifact: Path, plan: Plan, progress=None, lab: bool = False) -> dict:
+def run(artifact: Path, plan: Plan, progress=None) -> dict:
     """Run the worker over the plan's points; returns {"start": ..., "points": [...], "stderr": ...}."""
     spec = {**asdict(plan), "heads": asdict(plan.heads), "points": plan.points}
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
