@@ -67,11 +67,14 @@ def access_passes(op: str) -> int:
 
 
 def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
-    """(registers read, registers written). The first operand is the result, except for
-    instructions without one (stores, barriers, branches), whose operands are all read. An HMMA
-    step writes a register pair; a load its width; CS2R a pair."""
+    """(registers read, registers written). The first operand is the result (SHFL: the second,
+    after its predicate), except for instructions without one (stores, barriers, branches) or
+    whose first operand is a predicate (ISETP, FSETP), whose registers are all read. An HMMA step
+    writes a register pair; a load its width; CS2R a pair."""
     b = base(ins.op)
     fields = ins.args.split(",")
+    if b == "SHFL" and len(fields) > 1:              # SHFL.BFLY PT, R196, R196, 0x8, 0x1f: the result is second
+        fields = fields[1:]
     if b in NO_RESULT or not fields or not _REG.search(fields[0]) or fields[0].strip().startswith("["):
         return {int(r) for r in _REG.findall(ins.args)}, set()
     first = int(_REG.search(fields[0]).group(1))
@@ -197,12 +200,14 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
 
 def lockstep_cycles(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int = 4) -> dict:
     """Cycles of one iteration of ``instrs`` (one warp's instructions, in order) on a scheduler
-    running ``warps`` warps of one CTA (``simulate``), in the steady state: ``iterations`` run
-    back to back (registers carried over) and the one before the last is measured (the last
-    finishes early, with no next iteration to share the pipes with); and its tensor-pipe duty."""
-    run = simulate(instrs, warps, v100, iterations)
-    cycles = run["ends"][-2] - run["ends"][-3]
-    return {"cycles": cycles, "tensor_duty": run["tensor_busy"][-2] / cycles if cycles else 0.0}
+    running ``warps`` warps of one CTA (``simulate``), in the steady state: the finish time of
+    ``iterations`` back-to-back runs less that of one fewer (registers carried over; start-up and
+    the last iteration's early finish cancel; warps that drift apart without a barrier are
+    counted by when all are done); and its tensor-pipe duty."""
+    more, fewer = (simulate(instrs, warps, v100, n) for n in (iterations, iterations - 1))
+    cycles = max(more["ends"]) - max(fewer["ends"])
+    busy = sum(more["tensor_busy"]) - sum(fewer["tensor_busy"])
+    return {"cycles": cycles, "tensor_duty": busy / cycles if cycles else 0.0}
 
 
 def once_cycles(instrs: list[sass.Instr], warps: int, v100: dict) -> float:

@@ -512,11 +512,12 @@ def gqa_eligible(shape: Shape, geometry: dict) -> bool:
 def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
     """Bound, model and calibrated time of a route made of ``launches`` (run one after another, at
     the clock the route's tensor duty allows); the calibrated time with its range
-    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``loo_range``)."""
+    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``loo_range``).
+    Per launch: the model's details, its calibrated time and what limits it once calibrated."""
     model = estimate_route(launches, card, v100)
     cal = estimate_route(launches, card, v100, Calibration(**calibration["parameters"]))
-    details = [{**c, "model_ms": m["ms"], "bound": lower_bound(x, card, v100)}
-               for x, m, c in zip(launches, model["launches"], cal["launches"])]
+    details = [{**m, "calibrated_ms": c["ms"], "calibrated_clock_mhz": c["clock_mhz"], "limited_by": c["limited_by"],
+                "bound": lower_bound(x, card, v100)} for x, m, c in zip(launches, model["launches"], cal["launches"])]
     return {"launches": details, "bound_ms": sum(x["bound"]["ms"] for x in details), "model_ms": model["ms"],
             "tensor_duty": cal["tensor_duty"], "clock_mhz": cal["clock_mhz"], **with_range(cal["ms"], calibration)}
 
