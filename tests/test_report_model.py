@@ -12,7 +12,7 @@ from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
 V100 = m.load_v100()
 LATENCY = V100["global_load_latency_cycles"]
 CAPPED = V100["power_capped_clock_mhz"]
-SUSTAINED_STEP = V100["mma884_issue_cycles"] / 4        # one HMMA.884.F32 step at the sustained rate
+SUSTAINED_STEP = V100["mma884_issue_cycles"] / 4        # one HMMA.884.F32 step of a lone warp
 
 
 def test_the_parameters_the_model_reads_are_the_documented_ones():
@@ -48,10 +48,11 @@ def test_a_shuffle_takes_one_shared_memory_pass():
     assert LoopMix(shared_passes=200, shuffles=30).pipes(1, V100)["shared_memory"] == 230 * 4
 
 
-def test_the_tensor_pipe_sustains_the_measured_issue_rate_and_bounds_use_the_peak():
+def test_a_lone_warp_issues_mma_at_the_measured_rate_and_two_fill_the_pipe():
     mix = LoopMix(hmma_f32_steps=512)
-    assert mix.pipes(2, V100)["tensor"] == 2 * 512 * 2
-    assert mix.sustained_pipes(2, V100)["tensor"] == pytest.approx(2 * 512 * 8.38 / 4)
+    assert mix.pipes(1, V100)["tensor"] == 512 * 2 and mix.pipes(2, V100)["tensor"] == 2 * 512 * 2
+    assert mix.sustained_pipes(1, V100)["tensor"] == pytest.approx(512 * 8.38 / 4)     # one warp: 8.38 per mma
+    assert mix.sustained_pipes(2, V100)["tensor"] == 2 * 512 * 2                        # two: the pipe's 8
 
 
 @pytest.mark.parametrize("bytes_per_lane, passes", [(16, 4), (8, 2), (4, 1), (2, 1), (1, 1)])
@@ -258,10 +259,10 @@ def test_ranges_and_separation_by_hand():
 def test_the_gemm_rate_anchor_by_hand():
     data = m.load_data("anchors.toml")
     anchor = next(a for a in data["anchor"] if a["workload"]["kind"] == "tensor-peak")
-    # Tensor-bound at the sustained mma rate, busy 1 / f of the time: at f = 1.1 the duty is
-    # 0.909 > 0.9004, so the clock is the power-capped one.
+    # Tensor-bound, busy 1 / f of the time: at f = 1.1 the duty is 0.909 > 0.9004, so the clock
+    # is the power-capped one.
     rate = c.estimate(anchor, {}, V100, Calibration(1.1, 0))
-    assert rate == pytest.approx(72 * 4 * 2048 / 8 * CAPPED * 1e6 / 1e12 * 8 / 8.38 / 1.1)
+    assert rate == pytest.approx(72 * 4 * 2048 / 8 * CAPPED * 1e6 / 1e12 / 1.1)
 
 
 def test_prefill_anchor_launches_and_measured_time():

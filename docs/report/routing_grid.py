@@ -26,6 +26,8 @@ def rows(path):
         if "sm70-gqa-prefill" not in routes:
             continue
         q, kv, hq, hkv = (int(x) for x in re.match(r"Q=(\d+) KV=(\d+) Hq=(\d+) Hkv=(\d+)", label).groups())
+        if q < 1024 or kv < 16384:          # routing.h: the long-prefill range
+            continue
         g = routes["sm70-gqa-prefill"]
         yield sms, (q, hq, hkv), kv, g["vs_dense"], g["vs_dense_verdict"]
 

@@ -4,11 +4,8 @@
 
 The JSON holds ``scenario``, ``spec`` (an sm70_cases spec: the inputs and the FP32 reference
 come from there) and optionally ``override`` (call arguments that replace the spec's: max_seqlen_q,
-max_seqlen_k, scale), ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d) and
-``sms``: the SM count routing's wave rule uses (routing.cpp, set through _routing_sms_for_testing):
-"eligible" (default: one fewer than the exact route's CTAs for this spec, so that its last wave
-holds one CTA and the call qualifies on any GPU), "one_wave" (exactly its CTAs: one full wave, the
-exact route is faster) or "device". Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
+max_seqlen_k, scale) and ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d).
+Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
 
   route          one call checked against the FP32 reference; the route counters' change
   error          one call that must raise a typed error before any launch (out untouched)
@@ -224,17 +221,6 @@ def scenario_corrupt_graph(ops, spec, inputs) -> dict:
     return result
 
 
-def wave_sms(ops, spec, mode: str) -> int:
-    """The SM count for routing's wave rule: the exact route's D=256 CTAs (rows per CTA from
-    build_info) over all query heads of the spec's longest sequence, minus one, or exactly."""
-    if mode == "device":
-        return 0
-    rows = next(k["rows_per_cta"] for k in json.loads(ops.build_info())["kernels"]
-                if k["route"] == "sm70-dense" and k["head_dim"] == 256)
-    ctas = -(-max(q for q, _ in spec["seqlens"]) // rows) * spec["hq"]
-    return {"eligible": max(1, ctas - 1), "one_wave": ctas}[mode]
-
-
 def main(argv) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -247,7 +233,6 @@ def main(argv) -> int:
     spec = sm70_cases._spec(raw["spec"])
     torch.ops.load_library(argv[1])
     ops = torch.ops._vllm_fa2_C
-    ops._routing_sms_for_testing(wave_sms(ops, spec, raw.get("sms", "eligible")))
     t0 = time.perf_counter()
     if scenario in ("devices", "tp_pair") and torch.cuda.device_count() < 2:
         result = {"skipped": f"needs two GPUs, {torch.cuda.device_count()} visible"}

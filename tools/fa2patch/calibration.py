@@ -74,13 +74,12 @@ def measured(anchor: dict) -> tuple[float, str]:
 
 def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
     """The anchor's value as the model with ``cal`` estimates it. A rate anchor (a well-tiled GEMM,
-    tensor-bound) issues mma at the sustained rate 1 / cycle_factor of the time, at the clock that
-    duty allows."""
+    tensor-bound, several warps per scheduler) keeps the tensor pipe busy 1 / cycle_factor of the
+    time, at the clock that duty allows."""
     card = anchor_card(anchor)
     if anchor["workload"]["kind"] == "tensor-peak":
         duty = 1.0 / cal.cycle_factor
-        sustained = v100["mma884_clocks"] / v100["mma884_issue_cycles"]
-        return peak_tflops(card, card.clock_at(duty, v100), v100) * sustained * duty
+        return peak_tflops(card, card.clock_at(duty, v100), v100) * duty
     return estimate_route(anchor_launches(anchor, kernels), card, v100, cal)["ms"]
 
 

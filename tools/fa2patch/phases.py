@@ -16,7 +16,8 @@ length is the answer (loop-carried registers included). What it charges:
   LDS latency;
 - (c) dependent HMMA: a step that reads the accumulator of an earlier step waits for it
   (``hmma_dependent_cycles`` per mma.m8n8k4, measured), so few independent accumulators in
-  flight cost more than the 8-clock throughput;
+  flight cost more than the 8-clock throughput; and one warp issues independent mma no faster
+  than ``mma884_issue_cycles`` (measured), so a lone warp cannot fill the tensor pipe;
 - global loads whose data the iteration waits for (``global_load_latency_cycles``).
 
 Latencies and pipe rates are data/v100.toml's (each with its source). Predicate registers are
@@ -88,7 +89,7 @@ def timing(ins: sass.Instr, v100: dict) -> Timing:
     lds = v100["lds_latency_cycles"]
     if b == "HMMA":
         steps_per_mma = 4 if ".F32" in ins.op else 2
-        return Timing("tensor", v100["mma884_issue_cycles"] / steps_per_mma, v100["hmma_dependent_cycles"])
+        return Timing("tensor", v100["mma884_clocks"] / steps_per_mma, v100["hmma_dependent_cycles"])
     if b == "LDS":
         return Timing("shared", access_passes(ins.op) * shared_pass, lds)
     if b == "STS":
@@ -120,6 +121,7 @@ class Warp:
     pc: int = 0
     stores: float = 0.0
     waiting: bool = False
+    hmma: float = 0.0               # the earliest its next HMMA step may issue
 
     def __post_init__(self):
         self.ready: dict[int, float] = {}
@@ -155,6 +157,8 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
             t = max([port, *(w.ready.get(r, 0.0) for r in ops[k][0])])
             if timings[k].pipe is not None:
                 t = max(t, pipes.get(timings[k].pipe, 0.0))
+            if timings[k].pipe == "tensor":
+                t = max(t, w.hmma)
             if bars[k]:
                 t = max(t, w.stores)
             if best_t is None or t < best_t:
@@ -176,6 +180,7 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
             pipes[tm.pipe] = best_t + tm.occupancy
             if tm.pipe == "tensor":
                 busy[it] += tm.occupancy
+                best.hmma = best_t + tm.occupancy * v100["mma884_issue_cycles"] / v100["mma884_clocks"]
         port = best_t + 1
         for r in ops[k][1]:
             best.ready[r] = best_t + tm.latency

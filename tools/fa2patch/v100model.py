@@ -114,10 +114,11 @@ class LoopMix:
         }
 
     def sustained_pipes(self, warps: float, v100: dict) -> dict[str, float]:
-        """``pipes`` with the tensor pipe at the rate it sustains (mma884_issue_cycles per mma)
-        rather than its peak."""
+        """``pipes`` with the tensor pipe at the rate ``warps`` warps sustain: one warp issues an
+        mma no faster than every mma884_issue_cycles, more warps fill the pipe's mma884_clocks."""
         pipes = self.pipes(warps, v100)
-        return {**pipes, "tensor": pipes["tensor"] * v100["mma884_issue_cycles"] / v100["mma884_clocks"]}
+        lone = v100["mma884_issue_cycles"] / (v100["mma884_clocks"] * warps) if warps else 1.0
+        return {**pipes, "tensor": pipes["tensor"] * max(1.0, lone)}
 
     def exposed_latency(self, warps: float, v100: dict) -> float:
         """Cycles per iteration spent waiting on global loads that ``warps`` warps of a
@@ -233,8 +234,15 @@ def estimate_route(launches: list[KernelLaunch], card: Card, v100: dict, cal: Ca
     cycles = sum(x["compute_cycles"] for x in own)
     duty = sum(x["tensor_cycles"] for x in own) / cycles if cycles else 0.0
     clock = card.clock_at(duty, v100)
-    details = [estimate_launch(x, card, v100, cal, clock) for x in launches]
+    details = [at_clock(x, clock) for x in own]
     return {"launches": details, "tensor_duty": duty, "clock_mhz": clock, "ms": sum(x["ms"] for x in details)}
+
+
+def at_clock(estimate: dict, clock_mhz: float) -> dict:
+    """A launch's estimate with its compute cycles at another clock (its cycles do not depend on it)."""
+    compute_ms = estimate["compute_cycles"] / (clock_mhz * 1e3)
+    return {**estimate, "clock_mhz": clock_mhz, "ms": max(compute_ms, estimate["hbm_ms"]),
+            "limited_by": "hbm" if estimate["hbm_ms"] > compute_ms else "compute"}
 
 
 def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
