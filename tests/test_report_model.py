@@ -12,7 +12,6 @@ from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
 V100 = m.load_v100()
 LATENCY = V100["global_load_latency_cycles"]
 CAPPED = V100["power_capped_clock_mhz"]
-SUSTAINED_STEP = V100["mma884_issue_cycles"] / 4        # one HMMA.884.F32 step of a lone warp
 
 
 def test_the_parameters_the_model_reads_are_the_documented_ones():
@@ -138,12 +137,13 @@ def test_the_clock_falls_from_boost_to_the_power_capped_clock_as_the_tensor_duty
 
 
 def test_a_route_runs_at_the_clock_of_its_overall_tensor_duty_and_hbm_bounds_a_launch():
-    # Launch A: 1 CTA of 100 iterations, tensor 40 steps (83.8 cycles) but issue-bound (100);
-    # launch B: 1 CTA of 300 iterations of pure issue. Duty: 100 x 83.8 / (100 x 100 + 300 x 100).
+    # Launch A: 1 CTA of 100 iterations, tensor 40 steps (83.8 cycles for a lone warp) but
+    # issue-bound (100); launch B: 1 CTA of 300 iterations of pure issue. Duty: the pipe busy
+    # 100 x 40 x 2 cycles of 100 x 100 + 300 x 100.
     a = launch(iterations=(100,))
     b = launch(loop=LoopMix(instructions=100), iterations=(300,))
     route = m.estimate_route([a, b], Card(1, 1530), V100)
-    duty = 100 * 40 * SUSTAINED_STEP / 40000
+    duty = 100 * 40 * 2 / 40000
     assert route["tensor_duty"] == pytest.approx(duty)
     assert route["clock_mhz"] == pytest.approx(m.clock_for_duty(duty, V100)) == 1530
     assert route["ms"] == pytest.approx(40000 / 1530e6 * 1e3)

@@ -14,8 +14,8 @@ whose blockIdx picks one of several tiles has CTAs of several kinds (``CtaKind``
 - one CTA's iteration C: where the loop's SASS is known, the time of its warps run in phase
   (phases.lockstep_cycles: serial phases, dependency chains, loads waited for); otherwise P plus
   the exposed latency of the global-load rounds the iteration waits for;
-- k CTAs per SM advance one iteration each in max(k x P, C): only other CTAs fill a CTA's
-  serial phase and waits;
+- k CTAs per SM advance one iteration each in max(P of all their warps, C): only other CTAs
+  fill a CTA's serial phase and waits;
 - per CTA: the code outside its loop (prologue and epilogue, timed like C where known) runs
   once, added to the CTA's time (at 1 CTA per SM nothing overlaps it);
 - the grid: CTAs are dispatched in launch order to SM slots (sms x ctas_per_sm) as slots free;
@@ -199,17 +199,17 @@ def estimate_launch(launch: KernelLaunch, card: Card, v100: dict, cal: Calibrati
     kinds, durations, tensor = [], [], 0.0
     for kind in launch.kinds():
         pipes = kind.loop.sustained_pipes(w_cta, v100)
-        pipe = max(pipes.values())
+        pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())   # all resident CTAs' warps
         exposed = kind.loop.exposed_latency(w_cta, v100)
         critical = kind.loop.iteration_cycles(w_cta, v100)
-        round_cycles = cal.cycle_factor * max(k * pipe, critical)     # every resident CTA, one iteration
+        round_cycles = cal.cycle_factor * max(pipe, critical)        # every resident CTA, one iteration
         epilogue = kind.epilogue.once_cycles(w_cta, v100)
         fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["global_load_latency_cycles"] + epilogue) + extra
         kinds.append({"ctas": len(kind.iterations), "cta_iterations": sum(kind.iterations),
                       "pipes_per_cta_iteration": pipes, "binding": binding(pipes), "exposed_latency": exposed,
                       "critical_cycles": critical, "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
         durations += [fixed + n * round_cycles for n in kind.iterations]
-        tensor += pipes["tensor"] * sum(kind.iterations)
+        tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)   # busy at the pipe's rate
     compute = makespan(durations, card.sms * k)
     duty = tensor / (compute * card.sms) if compute else 0.0
     clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
