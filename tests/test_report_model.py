@@ -10,8 +10,8 @@ from fa2patch import v100model as m
 from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
 
 V100 = m.load_v100()
-LATENCY = V100["global_load_latency_cycles"]
-CAPPED = V100["power_capped_clock_mhz"]
+LATENCY = V100["dependent_ldg_l2_hit_cycles"]
+CAPPED = V100["sustained_tensor_clock_mhz"]
 
 
 def test_the_parameters_the_model_reads_are_the_documented_ones():
@@ -20,8 +20,9 @@ def test_the_parameters_the_model_reads_are_the_documented_ones():
     assert 1260 <= CAPPED <= 1275 and V100["boost_clock_mhz"] == 1530 and V100["sm_count"] == 80
     # The published microbenchmarks (1530 MHz, cycles): LDS 26.4375, dependent m8n8k4 8.65625,
     # four independent chains 8.382812 per mma, STS + LDS + sync 33.5625, LDG hitting L2 210.6875.
-    assert (V100["lds_latency_cycles"], V100["hmma_dependent_cycles"], V100["mma884_issue_cycles"]) == (26.44, 8.66, 8.38)
-    assert V100["sts_lds_barrier_round_trip_cycles"] == 33.56 and V100["global_load_latency_cycles"] == 210.69
+    assert (V100["dependent_lds_cycles"], V100["dependent_mma884_cycles"]) == (26.4375, 8.65625)
+    assert V100["four_chain_mma884_issue_cycles"] == 8.382812
+    assert V100["sts_lds_warpsync_roundtrip_cycles"] == 33.5625 and V100["dependent_ldg_l2_hit_cycles"] == 210.6875
     assert (V100["duty_at_boost"], V100["duty_at_power_cap"]) == (0.3983, 0.9004)
 
 
@@ -50,7 +51,7 @@ def test_a_shuffle_takes_one_shared_memory_pass():
 def test_a_lone_warp_issues_mma_at_the_measured_rate_and_two_fill_the_pipe():
     mix = LoopMix(hmma_f32_steps=512)
     assert mix.pipes(1, V100)["tensor"] == 512 * 2 and mix.pipes(2, V100)["tensor"] == 2 * 512 * 2
-    assert mix.sustained_pipes(1, V100)["tensor"] == pytest.approx(512 * 8.38 / 4)     # one warp: 8.38 per mma
+    assert mix.sustained_pipes(1, V100)["tensor"] == pytest.approx(512 * 8.382812 / 4)   # one warp: 8.38 per mma
     assert mix.sustained_pipes(2, V100)["tensor"] == 2 * 512 * 2                        # two: the pipe's 8
 
 
@@ -191,7 +192,10 @@ def test_fa2_grid_iterations_by_hand():
 # --- Calibration ------------------------------------------------------------------------------
 
 PUBLISHED = {"split-D Q=KV=1024": 0.213, "split-D Q=KV=4096": 1.779, "split-D Q=KV=8192": 5.425,
-             "split-D Q=4096 KV=32K": 22.5864, "split-D Q=4096 KV=64K": 46.4625, "split-D Q=4096 KV=128K": 94.7456,
+             "split-D Q=4096 KV=8K": 4.6572, "split-D Q=4096 KV=32K": 22.5864, "split-D Q=4096 KV=64K": 46.4625,
+             "split-D Q=4096 KV=128K": 94.7456, "split-D paged Q=4096 KV=8K": 5.0542,
+             "split-D paged Q=4096 KV=64K": 50.4504, "split-D paged Q=4096 KV=128K": 103.842,
+             "split-D paged Q=4096 KV=256K": 210.7364,
              "prefill Q=8000 KV=40K": 30.27579 - 4.83, "prefill Q=8000 KV=128K": 100.20284 - 4.83,
              "cuBLAS FP16 GEMM": 83.45}
 
@@ -280,7 +284,8 @@ def test_prefill_anchor_launches_and_measured_time():
     assert c.measured(anchor) == (pytest.approx(30.27579 - 4.83), "ms")
 
 
-SCRATCH = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
+SCRATCH = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),        # PagedKV = false
+           "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
            "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
            "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined")}
 
@@ -299,7 +304,11 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
     function = next(f for f in sass.parse_sass(Path(path).read_text()) if part in f.name)
     record = c.sass_record(function, kernel["warps"], V100)
-    assert (kernel["loop"], kernel["outside"]) == (record["loop"], record["outside"])
+    assert {k: kernel["loop"][k] for k in ("critical_cycles", "critical_warps")} == \
+        {k: record["loop"][k] for k in ("critical_cycles", "critical_warps")}
+    assert kernel["outside"] == record["outside"]
+    assert (kernel["loop"]["instructions"], kernel["loop"].get("hmma_f32_steps", 0) + kernel["loop"].get("hmma_f16_steps", 0)) == \
+        (record["loop"]["instructions"], record["loop"]["hmma_f32_steps"] + record["loop"]["hmma_f16_steps"])
 
 
 # --- From SASS to a loop mix (report.py) ---------------------------------------------------------

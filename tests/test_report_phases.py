@@ -8,11 +8,11 @@ from fa2patch import phases, sass
 from fa2patch.v100model import load_v100
 
 V100 = load_v100()
-STEP = V100["mma884_issue_cycles"] / 4          # one HMMA.884.F32 step of a lone warp (measured issue rate)
+STEP = V100["four_chain_mma884_issue_cycles"] / 4          # one HMMA.884.F32 step of a lone warp (measured issue rate)
 PIPE = V100["mma884_clocks"] / 4                 # one step on the tensor pipe
-HMMA_LAT = V100["hmma_dependent_cycles"]
+HMMA_LAT = V100["dependent_mma884_cycles"]
 ALU = V100["alu_latency_cycles"]
-LDS = V100["lds_latency_cycles"]
+LDS = V100["dependent_lds_cycles"]
 
 
 def code(lines: list[str]) -> list[sass.Instr]:
@@ -80,7 +80,7 @@ def test_a_pair_barrier_waits_for_the_warps_own_stores_only():
     store_then_load = ["STS [R2], R4", "BAR.SYNC 0x1, 0x40", "LDS R6, [R2]", "FADD R7, R6, R6"]
     state = phases.simulate(code(store_then_load), 2, V100, 1)
     # The barrier issues once the warp's store has landed (33.56 - 26.44 cycles after it).
-    sts_done = V100["sts_lds_barrier_round_trip_cycles"] - LDS
+    sts_done = V100["sts_lds_warpsync_roundtrip_cycles"] - LDS
     assert state["ends"][0] >= sts_done + LDS
     assert phases.barrier_threads(code(store_then_load)[1]) == 64
     assert phases.barrier_threads(code(["BAR.SYNC 0x0"])[0]) is None
@@ -88,7 +88,7 @@ def test_a_pair_barrier_waits_for_the_warps_own_stores_only():
 
 def test_code_run_once_waits_for_its_loads():
     once = phases.once_cycles(code(["LDG.E.SYS R4, [R2]", "FADD R5, R4, R4"]), 1, V100)
-    assert once == pytest.approx(V100["global_load_latency_cycles"] + 1)
+    assert once == pytest.approx(V100["dependent_ldg_l2_hit_cycles"] + 1)
 
 
 @pytest.mark.parametrize("line, reads, writes", [

@@ -92,7 +92,7 @@ def test_prediction_arithmetic_by_hand():
         "flash_fwd_sm70_kernel<64>", 90, 900, 1)
     assert main["round_cycles"] == 600 and main["binding"] == "issue"
     # Model: each CTA = 1 prologue round (L) + 10 x 600; 90 CTAs on 80 slots: two in a row somewhere.
-    latency = V100["global_load_latency_cycles"]
+    latency = V100["dependent_ldg_l2_hit_cycles"]
     assert main["compute_cycles"] == pytest.approx(2 * (latency + 6000))
     assert p["model_ms"] == pytest.approx(2 * (latency + 6000) / 1e9 * 1e3)
     assert p["calibrated_ms"] == pytest.approx(1.5 * p["model_ms"])

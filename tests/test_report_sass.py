@@ -97,7 +97,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-dense"]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
-    latency = load_v100()["global_load_latency_cycles"]
+    latency = load_v100()["dependent_ldg_l2_hit_cycles"]
     for r in rows:
         g = r["geometry"]
         steps = 4 * 2 * g["rows_per_cta"] // g["warps"] * g["keys_per_iteration"] * g["head_dim"] // 1024

@@ -13,7 +13,8 @@ from fa2patch.smoke import load_build_info
 from fa2patch.verify import launches_of
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
-SCR = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
+SCR = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),
+       "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
        "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
        "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined")}
 FUNCS = {k: next(f for f in sass.parse_sass(Path(p).read_text()) if part in f.name) for k, (p, part) in SCR.items()}
@@ -31,7 +32,9 @@ def run(name, v100, data_edit=None, cal_override=None):
     for k in data["kernel"]:
         if k["name"] in FUNCS:
             rec = c.sass_record(FUNCS[k["name"]], k["warps"], v100)
-            k["loop"], k["outside"] = rec["loop"], rec["outside"]
+            k["loop"] = {**k["loop"], "critical_cycles": rec["loop"]["critical_cycles"],
+                         "critical_warps": rec["loop"]["critical_warps"]}
+            k["outside"] = rec["outside"]
     if data_edit:
         data_edit(data)
     cal = c.calibrate(v100, data)
@@ -51,10 +54,10 @@ def run(name, v100, data_edit=None, cal_override=None):
 
 variants = {
     "as shipped": {},
-    "L=400": {"global_load_latency_cycles": 400},
-    "L=600": {"global_load_latency_cycles": 600},
-    "no dependent-HMMA wait": {"hmma_dependent_cycles": base["mma884_issue_cycles"] / 4},
-    "tensor at peak (8 cycles per mma)": {"mma884_issue_cycles": 8.0},
+    "L=400": {"dependent_ldg_l2_hit_cycles": 400},
+    "L=600": {"dependent_ldg_l2_hit_cycles": 600},
+    "no dependent-HMMA wait": {"dependent_mma884_cycles": base["four_chain_mma884_issue_cycles"] / 4},
+    "tensor at peak (8 cycles per mma)": {"four_chain_mma884_issue_cycles": 8.0},
     "clock fixed at the power cap": {"duty_at_boost": 0.0, "duty_at_power_cap": 1e-9},
     "clock at boost up to duty 0.9": {"duty_at_boost": 0.9, "duty_at_power_cap": 0.9004},
 }
@@ -74,5 +77,5 @@ if not sys.argv[1:]:
     run("no fused-CTA cost (cta_cycles = 0, others as fitted)", base, cal_override={"cta_cycles": 0.0})
     phases.timing = shfl_as_issue
     run("SHFL as an issue slot only (no shared-memory pass, ALU latency)", base,
-        data_edit=lambda d: [k["loop"].update(shuffles=0) for k in d["kernel"] if "loop" in k])
+        data_edit=lambda d: [k["loop"].update(shuffles=0, shfl=0) for k in d["kernel"] if "loop" in k])
     phases.timing = orig_timing

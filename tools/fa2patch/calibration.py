@@ -31,9 +31,11 @@ def kernel_code(kernel: dict) -> dict:
     """A recorded kernel's hot loop, its code outside the loop (run once per CTA) and the
     global-load rounds each CTA waits for before its first iteration (0 where the code outside
     the loop was timed from the SASS: its loads are in it)."""
-    outside = kernel.get("outside", kernel.get("epilogue", {}))
-    return {"loop": mix_from_data(kernel["loop"]), "epilogue": mix_from_data(outside),
-            "prologue_load_rounds": kernel.get("prologue_load_rounds", 0 if "outside" in kernel else 1)}
+    if "outside" in kernel:
+        return {"loop": mix_from_data(kernel["loop"]), "epilogue": mix_from_data(kernel["outside"]),
+                "prologue_load_rounds": 0}
+    return {"loop": mix_from_data(kernel["loop"]), "epilogue": mix_from_data(kernel.get("epilogue", {})),
+            "prologue_load_rounds": kernel.get("prologue_load_rounds", 1)}
 
 
 def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
@@ -159,7 +161,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
                      "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
                      "outlier": a.get("outlier")})
     loo = [r["loo_residual"] for r in rows]
-    targets = data["targets"]
+    targets = data.get("targets", {"residual": 0.10, "loo": 0.15})
     held = [r for r in rows if not r["outlier"]]
     out = {"parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
            "anchors": rows, "targets": targets,
@@ -194,9 +196,10 @@ def faster_if_separated(a: dict, b: dict) -> str:
 
 def sass_record(function, warps_per_cta: int, v100: dict | None = None) -> dict:
     """What anchors.toml records of a kernel compiled from an anchor's open source: its hot loop's
-    mix and timed iteration, and its code outside the loop timed once (every instruction once,
-    both sides of a branch, as for our own kernels). ``function``: a sass.SassFunction with one
-    hot loop."""
+    mix and timed iteration (``critical_cycles`` for ``critical_warps`` warps of one CTA per
+    sub-partition), and its code outside the loop timed once (``[kernel.outside]``), every
+    instruction once, both sides of a branch, as for our own kernels. ``function``: a
+    sass.SassFunction with one hot loop."""
     from . import phases
     from .report import mix_of
 

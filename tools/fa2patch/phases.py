@@ -15,10 +15,10 @@ length is the answer (loop-carried registers included). What it charges:
 - (b) SHFL on the shared-memory pipe: one pass (32 lanes x 4 bytes) like a 32-bit LDS, with the
   LDS latency;
 - (c) dependent HMMA: a step that reads the accumulator of an earlier step waits for it
-  (``hmma_dependent_cycles`` per mma.m8n8k4, measured), so few independent accumulators in
+  (``dependent_mma884_cycles`` per mma.m8n8k4, measured), so few independent accumulators in
   flight cost more than the 8-clock throughput; and one warp issues independent mma no faster
-  than ``mma884_issue_cycles`` (measured), so a lone warp cannot fill the tensor pipe;
-- global loads whose data the iteration waits for (``global_load_latency_cycles``).
+  than ``four_chain_mma884_issue_cycles`` (measured), so a lone warp cannot fill the tensor pipe;
+- global loads whose data the iteration waits for (``dependent_ldg_l2_hit_cycles``).
 
 Latencies and pipe rates are data/v100.toml's (each with its source). Predicate registers are
 not tracked; every listed instruction runs (both sides of a branch), as everywhere in the model.
@@ -86,18 +86,18 @@ def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
 def timing(ins: sass.Instr, v100: dict) -> Timing:
     b = base(ins.op)
     shared_pass = SUBPARTITIONS / v100["shared_passes_per_clock_per_sm"]   # cycles of one scheduler's share
-    lds = v100["lds_latency_cycles"]
+    lds = v100["dependent_lds_cycles"]
     if b == "HMMA":
         steps_per_mma = 4 if ".F32" in ins.op else 2
-        return Timing("tensor", v100["mma884_clocks"] / steps_per_mma, v100["hmma_dependent_cycles"])
+        return Timing("tensor", v100["mma884_clocks"] / steps_per_mma, v100["dependent_mma884_cycles"])
     if b == "LDS":
         return Timing("shared", access_passes(ins.op) * shared_pass, lds)
     if b == "STS":
-        return Timing("shared", access_passes(ins.op) * shared_pass, v100["sts_lds_barrier_round_trip_cycles"] - lds)
+        return Timing("shared", access_passes(ins.op) * shared_pass, v100["sts_lds_warpsync_roundtrip_cycles"] - lds)
     if b == "SHFL":
         return Timing("shared", shared_pass, lds)
     if b in ("LDG", "LD", "LDL"):
-        return Timing(None, 0, v100["global_load_latency_cycles"])
+        return Timing(None, 0, v100["dependent_ldg_l2_hit_cycles"])
     if b == "MUFU":
         occ = 32 / v100["mufu_lanes_per_subpartition"]
         return Timing("mufu", occ, v100["alu_latency_cycles"] + occ)
@@ -180,7 +180,7 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
             pipes[tm.pipe] = best_t + tm.occupancy
             if tm.pipe == "tensor":
                 busy[it] += tm.occupancy
-                best.hmma = best_t + tm.occupancy * v100["mma884_issue_cycles"] / v100["mma884_clocks"]
+                best.hmma = best_t + tm.occupancy * v100["four_chain_mma884_issue_cycles"] / v100["mma884_clocks"]
         port = best_t + 1
         for r in ops[k][1]:
             best.ready[r] = best_t + tm.latency

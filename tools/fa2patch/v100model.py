@@ -66,7 +66,7 @@ def clock_for_duty(duty: float, v100: dict) -> float:
     boost clock up to ``duty_at_boost`` (split-D-class kernels scale with the clock), the
     power-capped clock from ``duty_at_power_cap`` (cuBLAS-class GEMMs), linear in between."""
     lo, hi = v100["duty_at_boost"], v100["duty_at_power_cap"]
-    boost, capped = v100["boost_clock_mhz"], v100["power_capped_clock_mhz"]
+    boost, capped = v100["boost_clock_mhz"], v100["sustained_tensor_clock_mhz"]
     x = min(1.0, max(0.0, (duty - lo) / (hi - lo)))
     return boost + (capped - boost) * x
 
@@ -115,15 +115,15 @@ class LoopMix:
 
     def sustained_pipes(self, warps: float, v100: dict) -> dict[str, float]:
         """``pipes`` with the tensor pipe at the rate ``warps`` warps sustain: one warp issues an
-        mma no faster than every mma884_issue_cycles, more warps fill the pipe's mma884_clocks."""
+        mma no faster than every four_chain_mma884_issue_cycles, more warps fill the pipe's mma884_clocks."""
         pipes = self.pipes(warps, v100)
-        lone = v100["mma884_issue_cycles"] / (v100["mma884_clocks"] * warps) if warps else 1.0
+        lone = v100["four_chain_mma884_issue_cycles"] / (v100["mma884_clocks"] * warps) if warps else 1.0
         return {**pipes, "tensor": pipes["tensor"] * max(1.0, lone)}
 
     def exposed_latency(self, warps: float, v100: dict) -> float:
         """Cycles per iteration spent waiting on global loads that ``warps`` warps of a
         sub-partition cannot cover by issuing other instructions."""
-        latency = v100["global_load_latency_cycles"]
+        latency = v100["dependent_ldg_l2_hit_cycles"]
         return sum(max(0.0, latency - warps * gap) for gap in self.load_use_gaps)
 
     def iteration_cycles(self, warps: int, v100: dict) -> float:
@@ -204,7 +204,7 @@ def estimate_launch(launch: KernelLaunch, card: Card, v100: dict, cal: Calibrati
         critical = kind.loop.iteration_cycles(w_cta, v100)
         round_cycles = cal.cycle_factor * max(pipe, critical)        # every resident CTA, one iteration
         epilogue = kind.epilogue.once_cycles(w_cta, v100)
-        fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["global_load_latency_cycles"] + epilogue) + extra
+        fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + epilogue) + extra
         kinds.append({"ctas": len(kind.iterations), "cta_iterations": sum(kind.iterations),
                       "pipes_per_cta_iteration": pipes, "binding": binding(pipes), "exposed_latency": exposed,
                       "critical_cycles": critical, "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
@@ -321,12 +321,13 @@ def access_passes(bytes_per_lane: int) -> int:
 
 def mix_from_data(d: dict) -> LoopMix:
     """A LoopMix from anchors.toml: counts, shared accesses (``shared``, see ``shared_passes``),
-    and where the kernel's SASS was timed, ``critical_cycles`` for ``critical_warps``."""
+    SHFL (``shuffles`` or ``shfl``), and where the kernel's SASS was timed, ``critical_cycles`` for
+    ``critical_warps``."""
     passes, total = shared_passes(d.get("shared", []))
     return LoopMix(instructions=d.get("instructions", 0), hmma_f32_steps=d.get("hmma_f32_steps", 0),
                    hmma_f16_steps=d.get("hmma_f16_steps", 0), shared_passes=passes + d.get("shared_passes", 0),
                    shared_bytes=total, fp32=d.get("fp32", 0), mufu=d.get("mufu", 0),
-                   load_use_gaps=tuple(d.get("load_use_gaps", ())), shuffles=d.get("shuffles", 0),
+                   load_use_gaps=tuple(d.get("load_use_gaps", ())), shuffles=d.get("shuffles", d.get("shfl", 0)),
                    critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
 
 
