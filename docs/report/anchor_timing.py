@@ -1,5 +1,11 @@
-# Add / refresh the SASS-timed fields of anchors.toml (phases.py) for the kernels compiled from the
-# anchors' open source: [kernel.loop] critical_cycles / critical_warps and a [kernel.outside] table.
+"""Add / refresh the SASS-timed fields of tools/fa2patch/data/anchors.toml for the kernels compiled
+from the anchors' open source (their SASS in the scratch folder: /work/scratch/{splitd,prefill};
+how they were compiled: each kernel's mix_source): [kernel.loop] critical_cycles / critical_warps
+and a [kernel.outside] table (calibration.sass_record, phases.py). Run after a change to phases.py
+or to the latencies in v100.toml:
+
+    PYTHONPATH=tools python docs/report/anchor_timing.py
+"""
 import re
 from fa2patch import sass
 from fa2patch.calibration import sass_record
