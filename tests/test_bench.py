@@ -52,14 +52,18 @@ def test_judge_envelope_and_contract():
 
 
 def test_table_has_speedup_latency_reduction_and_the_warning():
-    def res(route, ms):
-        return {"route": route, "label": "Q=8 KV=16", "median_ms": ms, "tflops": 1.0,
-                "sm_clock_after": "1980 MHz", "envelope_ok": True, "contract_ok": route == "a"}
+    def res(route, ms, spread=0.1, label="Q=8 KV=16"):
+        return {"route": route, "label": label, "median_ms": ms, "min_ms": ms - spread, "max_ms": ms + spread,
+                "tflops": 1.0, "sm_clock_after": "1980 MHz", "envelope_ok": True, "contract_ok": route == "a"}
     result = {"gpu": "NVIDIA H200", "capability": "sm_90", "sm_clock_idle": "345 MHz",
               "sm_clock_max": "1980 MHz", "driver": "580", "manifest_sha256": "ab" * 32, "routes": ["a", "b"], "is_v100": False,
-              "results": [res("a", 4.0), res("b", 1.0)]}
+              "results": [res("a", 4.0), res("b", 1.0), res("a", 2.0, 0.5, "Q=9"), res("b", 1.8, 0.5, "Q=9")]}
     text = render(result)
     assert WARNING in text and "4.00x" in text and "75%" in text and "ok/FAIL" in text
+    # Each median with its range over the repetitions; separated where the ranges do not overlap.
+    first, second = (line for line in text.splitlines() if line.startswith(("Q=8 ", "Q=9 ")))
+    assert "4.00 (3.90-4.10)" in first and "1.00 (0.90-1.10)" in first and " separated" in first
+    assert "2.00 (1.50-2.50)" in second and "not separated" in second
     assert "345 MHz idle, 1980 MHz max, 1980 MHz right after the timed calls" in text
     assert WARNING not in render({**result, "is_v100": True})
 

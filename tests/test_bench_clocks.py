@@ -261,7 +261,7 @@ def test_without_report_the_table_says_why(monkeypatch):
 
 def test_table_marks_throttled_cases_and_lists_the_card():
     text = bench.render(_result())
-    assert "12.00*" in text and "ran throttled" in text
+    assert "12.00 (11.90-12.20)*" in text and "ran throttled" in text
     assert "SM 1267-1289.5-1312 MHz" in text and "throttled: sw_power_cap" in text
     assert "12.00*" not in bench.render(_result(throttled=False))
 

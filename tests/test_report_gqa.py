@@ -12,6 +12,7 @@ from fa2patch.v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_la
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
+CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.1]}
 
 
 def gqa_geometry(min_keys=256, max_keys=8192, budget=768 << 20):
@@ -82,14 +83,16 @@ def test_tiles_nobody_sees_are_idle_ctas():
 
 
 def test_a_launch_with_two_kinds_of_cta():
-    """Kind A: 3 iterations of 100 tensor cycles; kind B: two CTAs of 5 iterations of 40 issue
-    cycles; one warp per scheduler, no latency, no epilogue. One slot: 300 + 200 + 200 cycles;
-    two SMs: the B CTAs queue behind each other on the slot that frees first: 400."""
+    """Kind A: 3 iterations of 50 HMMA steps (104.785 tensor cycles: a lone warp issues an mma
+    every 8.382812 cycles; 100 at the peak, for the bound); kind B: two CTAs of 5 iterations of 40
+    issue cycles; one warp per scheduler, no latency, no epilogue. One slot: 314.36 + 200 + 200
+    cycles; two SMs: the B CTAs queue behind each other on the slot that frees first: 400."""
     a = LoopMix(hmma_f32_steps=50)           # 50 steps x 2 clocks
     b = LoopMix(instructions=40)
     launch = KernelLaunch("k", a, (3,), 4, 1, prologue_load_rounds=0, more=(CtaKind(b, (5, 5), LoopMix(), 0),))
     one = estimate_launch(launch, Card(1, 1000), V100)
-    assert one["compute_cycles"] == 700 and one["ctas"] == 3 and one["cta_iterations"] == 13
+    assert one["compute_cycles"] == pytest.approx(3 * 50 * 8.382812 / 4 + 400) and one["ctas"] == 3
+    assert one["cta_iterations"] == 13
     assert [k["binding"] for k in one["kinds"]] == ["tensor", "issue"]
     two = estimate_launch(launch, Card(2, 1000), V100)
     assert two["compute_cycles"] == 400
@@ -115,9 +118,13 @@ def test_route_estimate_and_ab_against_the_dense_route():
     gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
            "hot_loops": [loop(16), loop(0)]}
     shape = Shape(1024, 4096, 6, 1, 256, True, 0.0625)
-    d, g = predict_routes(shape, [dense, gqa], Card(80), V100, {"factor": 1.5}, ARTIFACT)
+    d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT)   # locked below every duty clock
     assert (d["route"], g["route"]) == ("sm70-dense", GQA_ROUTE)
     assert g["vs_dense"] == pytest.approx(d["calibrated_ms"] / g["calibrated_ms"])
+    # Ranges of +-10%: separated only where one route is more than 1.1 / 0.9 = 1.22x faster.
+    expected = ("faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1
+                else "not separated")
+    assert g["vs_dense_verdict"] == expected
     assert g["calibrated_ms"] == pytest.approx(1.5 * g["model_ms"]) and g["bound_ms"] < g["model_ms"]
     launches, plan = gqa_launches(shape, gqa)
     assert len(launches) == plan["blocks"] + 1 == len(g["launches"])
@@ -125,7 +132,7 @@ def test_route_estimate_and_ab_against_the_dense_route():
     for other in (Shape(1024, 4096, 6, 1, 256, False, 0.0625), Shape(1024, 4096, 6, 1, 128, True, 0.1),
                   Shape(1024, 4096, 6, 1, 256, True, 0.0625, b=2)):
         kernels = [dense, gqa] if other.d == 256 else [{**dense, "geometry": {**dense_geo, "head_dim": 128}}, gqa]
-        assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, {"factor": 1.5}, ARTIFACT)] \
+        assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] \
             == ["sm70-dense"]
 
 

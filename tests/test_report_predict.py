@@ -15,7 +15,7 @@ from helpers import REPO
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
-CALIBRATION = {"factor": 1.5}
+CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.2]}
 
 
 def geometry(head_dim, rows=64, keys=32, warps=4):
@@ -92,10 +92,13 @@ def test_prediction_arithmetic_by_hand():
         "flash_fwd_sm70_kernel<64>", 90, 900, 1)
     assert main["round_cycles"] == 600 and main["binding"] == "issue"
     # Model: each CTA = 1 prologue round (L) + 10 x 600; 90 CTAs on 80 slots: two in a row somewhere.
-    latency = V100["global_load_latency_cycles"]
+    latency = V100["dependent_ldg_l2_hit_cycles"]
     assert main["compute_cycles"] == pytest.approx(2 * (latency + 6000))
     assert p["model_ms"] == pytest.approx(2 * (latency + 6000) / 1e9 * 1e3)
     assert p["calibrated_ms"] == pytest.approx(1.5 * p["model_ms"])
+    assert (p["calibrated_ms_low"], p["calibrated_ms_high"]) == (pytest.approx(0.9 * p["calibrated_ms"]),
+                                                                 pytest.approx(1.2 * p["calibrated_ms"]))
+    assert p["calibrated_tflops_high"] == pytest.approx(p["useful_flops"] / (p["calibrated_ms_low"] * 1e-3) / 1e12)
     # Bound: throughput 900 x 600 / 80 = 6750; whole CTAs: some SM runs two of the 81 longest:
     # 2 x 10 x 600 = 12000 cycles at the card's 1000 MHz.
     assert main["bound"]["cycles"] == {"throughput": pytest.approx(6750), "cta_granularity": pytest.approx(12000)}
@@ -209,7 +212,8 @@ def test_every_v100_parameter_is_read_by_the_model():
     import tomllib
     from importlib import resources
 
-    source = "".join(resources.files("fa2patch").joinpath(f).read_text() for f in ("report.py", "v100model.py"))
+    source = "".join(resources.files("fa2patch").joinpath(f).read_text()
+                     for f in ("report.py", "v100model.py", "phases.py", "calibration.py"))
     names = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())
     unused = [n for n in names if f'"{n}"' not in source and n not in MEASURED_NOT_YET_MODELLED]
     assert not unused, f"tools/fa2patch/data/v100.toml: entries no code reads: {unused}"

@@ -97,7 +97,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-dense"]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
-    latency = load_v100()["global_load_latency_cycles"]
+    latency = load_v100()["dependent_ldg_l2_hit_cycles"]
     for r in rows:
         g = r["geometry"]
         steps = 4 * 2 * g["rows_per_cta"] // g["warps"] * g["keys_per_iteration"] * g["head_dim"] // 1024
@@ -148,20 +148,52 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert any("flash_fwd_sm70_kernel<256>" in k["kernel"] and k["hot_loops"] for k in out["kernels"])
     shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8;q=1024,kv=16384,hq=6,hkv=1,d=256"
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
-    assert "calibrated = model x" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
+    assert "calibrated: the model with cycle factor" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
     assert "sm70-gqa-prefill" in proc.stdout and "qk tensor, pv tensor" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)
-    assert out["card"]["sms"] == 72 and isinstance(out["calibration"]["within_tolerance"], bool)
+    assert out["card"]["sms"] == 72 and out["calibration"]["within_targets"]
+    assert all({"source", "loo_residual", "residual", "measured"} <= set(a) for a in out["calibration"]["anchors"])
     assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
     # Both routes for the causal D=256 shapes (the long-prefill one with its A/B), dense alone for decode.
     assert [(p["label"].split(" Hq")[0], p["route"]) for p in out["predictions"]] == [
         ("Q=8192 KV=8192", "sm70-dense"), ("Q=8192 KV=8192", "sm70-gqa-prefill"), ("B=8 Q=1 KV=4096", "sm70-dense"),
         ("Q=1024 KV=16384", "sm70-dense"), ("Q=1024 KV=16384", "sm70-gqa-prefill")]
     prefill, gqa, decode = out["predictions"][:3]
-    for p in (prefill, gqa):
-        assert p["bound_ms"] < p["model_ms"] < p["calibrated_ms"]
+    lo, hi = out["calibration"]["loo_range"]
+    for p in (prefill, gqa, decode):
+        assert p["bound_ms"] < p["model_ms"]
+        assert p["calibrated_ms_low"] == pytest.approx(p["calibrated_ms"] * min(1, 1 + lo))
+        assert p["calibrated_ms_high"] == pytest.approx(p["calibrated_ms"] * max(1, 1 + hi))
     assert gqa["vs_dense"] == prefill["calibrated_ms"] / gqa["calibrated_ms"]
+    separated = (gqa["calibrated_ms_high"] < prefill["calibrated_ms_low"]
+                 or prefill["calibrated_ms_high"] < gqa["calibrated_ms_low"])
+    assert (gqa["vs_dense_verdict"] == "not separated") == (not separated)
     # One launch per KV step: Q=8192 in blocks of plan["block_keys"] keys, plus the last pv step.
     assert len(gqa["launches"]) == gqa["plan"]["blocks"] + 1 == -(-8192 // gqa["plan"]["block_keys"]) + 1
     assert decode["plan"]["swapped"] and decode["plan"]["splits"] >= 1
+
+
+def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_sm70):
+    """On the shipped SASS: the D=256 exact-route loop has its serial phase (the longest HMMA-free
+    run: the row max and sum by SHFL, the P exchange between barriers, MUFU), which costs one CTA's
+    iteration more than its busiest pipe and less than all its pipes end to end; the long-prefill
+    tiles, two CTAs per SM, are bound by their pipes (the other CTA fills each one's serial phase)."""
+    from fa2patch.report import cheapest_hot_loop, gqa_loops
+    from fa2patch.v100model import LoopMix, load_v100
+
+    v100 = load_v100()
+    rows = real_rows(built_sm70 / "_vllm_fa2_C.abi3.so")
+    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-dense"
+                and r["geometry"]["head_dim"] == 256)
+    lp = cheapest_hot_loop(d256)
+    serial = lp["serial_runs"][0]
+    assert serial["instructions"] >= 200 and serial["shuffles"] >= 8 and serial["barriers"] >= 1 and serial["mufu"] >= 8
+    pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
+    assert max(pipes.values()) < lp["critical_cycles"] < sum(pipes.values())
+    assert d256["outside"]["cycles"] > 0 and d256["outside"]["instructions"] > 0
+    (gqa,) = [r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    k = gqa["occupancy"]["blocks_per_sm"]
+    for name, lp in gqa_loops(gqa).items():
+        pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
+        assert k * max(pipes.values()) >= lp["critical_cycles"], (name, pipes, lp["critical_cycles"])

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics
+from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
 from .smoke import GPU_PROBE, _python_json, _route, require_build_info
 
@@ -304,9 +305,12 @@ WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here d
 
 
 def render(result: dict) -> str:
-    """The A/B table: per shape, median ms of each route, speedup and latency reduction of B
-    over A, useful causal TFLOP/s, the numerics verdicts (envelope / contract) and, on an SM70
-    card, report's estimate and measured/model; then the card during each timed case."""
+    """The A/B table: per shape, median ms of each route with its range over the repetitions
+    (min-max; * when the case ran throttled), speedup and latency reduction of B over A and
+    whether the two ranges separate (the rule `report` compares routes by:
+    calibration.separated), useful causal TFLOP/s, the numerics verdicts (envelope / contract)
+    and, on an SM70 card, report's estimate and measured/model; then the card during each timed
+    case."""
     routes = result["routes"]
     loaded = sorted({r["sm_clock_after"] for r in result["results"] if r.get("sm_clock_after")})
     lines = [f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock_idle']} idle, "
@@ -318,20 +322,25 @@ def render(result: dict) -> str:
     for r in result["results"]:
         by_shape.setdefault(r["label"], {})[r["route"]] = r
     modelled = any("model" in r for r in result["results"])
-    header = ["shape"] + [f"{x} ms" for x in routes]
+    header = ["shape"] + [f"{x} ms, median (min-max)" for x in routes]
     if len(routes) == 2:
-        header += ["speedup", "latency -"]
+        header += ["speedup", "latency -", "ranges"]
     header += [f"{x} TFLOP/s" for x in routes] + [f"{x} env/contract" for x in routes]
     if modelled:
         header += [f"{x} model ms" for x in routes] + [f"{x} measured/model" for x in routes]
     rows = []
     for label, per in by_shape.items():
         cells = [label]
-        ms = [per.get(x, {}).get("median_ms") for x in routes]
-        cells += [f"{m:.2f}{'*' if per[x].get('throttled') else ''}" if m else "error" for m, x in zip(ms, routes)]
+        got = [per.get(x, {}) for x in routes]
+        ms = [r.get("median_ms") for r in got]
+        cells += [(range_text(r["median_ms"], r.get("min_ms", r["median_ms"]), r.get("max_ms", r["median_ms"]), 2)
+                   + ("*" if r.get("throttled") else "") if r.get("median_ms") else "error") for r in got]
         if len(routes) == 2:
             ok = all(ms)
-            cells += [f"{ms[0] / ms[1]:.2f}x" if ok else "-", f"{1 - ms[1] / ms[0]:.0%}" if ok else "-"]
+            spans = [{"calibrated_ms_low": r.get("min_ms", r.get("median_ms")),
+                      "calibrated_ms_high": r.get("max_ms", r.get("median_ms"))} for r in got]
+            cells += [f"{ms[0] / ms[1]:.2f}x" if ok else "-", f"{1 - ms[1] / ms[0]:.0%}" if ok else "-",
+                      ("separated" if separated(*spans) else "not separated") if ok else "-"]
         cells += [f"{per[x]['tflops']:.1f}" if "tflops" in per.get(x, {}) else "-" for x in routes]
         cells += [("ok" if per[x]["envelope_ok"] else "FAIL") + "/" + ("ok" if per[x]["contract_ok"] else "FAIL")
                   if "envelope_ok" in per.get(x, {}) else per.get(x, {}).get("error", "-")[:40] for x in routes]

@@ -36,13 +36,14 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from . import sass, toolchain
+from . import phases, sass, toolchain
 from .bench import Shape, useful_flops
 from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of
-from .v100model import (Card, CtaKind, KernelLaunch, LoopMix, access_passes, binding, calibrate, estimate_launch,
-                        fa2_grid_iterations, load_v100, lower_bound, peak_tflops)
+from .calibration import faster_if_separated, header_text, range_text, with_range
+from .v100model import (Calibration, Card, CtaKind, KernelLaunch, LoopMix, access_passes, binding, calibrate,
+                        estimate_route, fa2_grid_iterations, load_v100, lower_bound, peak_tflops)
 
 ROUTE = "sm70-dense"
 GQA_ROUTE = "sm70-gqa-prefill"
@@ -100,7 +101,8 @@ def mix_of(instrs: list[sass.Instr]) -> tuple[dict, LoopMix]:
         hmma_f16_steps=counts["hmma"] - f32,   # HMMA.884.F16.*: the 2-step form
         shared_passes=sum(access_passes(access_bytes(op)) for op in shared),
         shared_bytes=sum(32 * access_bytes(op) for op in shared),
-        fp32=counts["fp32"], mufu=counts["mufu"], load_use_gaps=tuple(load_use_gaps(instrs)))
+        fp32=counts["fp32"], mufu=counts["mufu"], load_use_gaps=tuple(load_use_gaps(instrs)),
+        shuffles=counts["shuffle"])
     return dict(sorted(counts.items())), mix
 
 
@@ -194,26 +196,36 @@ def tile_code(function: sass.SassFunction, loops: list[sass.Loop]) -> list[list[
                              f"the hot loop at {second.start:#x}: cannot tell the tiles' code apart")
 
 
-def outside_row(instrs: list[sass.Instr]) -> dict:
-    """A tile's code outside its hot loop, run once per CTA: its mix (every instruction once) and
-    the rounds of global loads it waits for."""
+def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
+    """A CTA's code outside its hot loop, run once per CTA: its mix (every instruction once), the
+    rounds of global loads it waits for, and its time with ``warps`` warps per sub-partition in
+    phase (phases.once_cycles, those loads included)."""
     counts, mix = mix_of(instrs)
-    return {"instructions": len(instrs), "mix": counts, "load_rounds": len(mix.load_use_gaps),
-            "model_mix": {**vars(mix), "load_use_gaps": ()}}
+    once = phases.once_cycles(instrs, warps, v100)
+    return {"instructions": len(instrs), "mix": counts, "load_rounds": len(mix.load_use_gaps), "cycles": once,
+            "model_mix": {**vars(mix), "load_use_gaps": (), "critical_cycles": once, "critical_warps": warps}}
 
 
-def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread=None) -> dict:
+def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread=None, cta_warps=None) -> dict:
+    """A hot loop: its mix per warp-iteration, its pipes at the kernel's occupancy, and one CTA's
+    iteration timed from the SASS with the ``cta_warps`` warps per sub-partition of one CTA in
+    phase (phases.lockstep_cycles; ``critical_cycles``), its tensor duty and its serial runs."""
     instrs, inner = dynamic_loop(function, loop, copy_bytes_per_thread)
     counts, mix = mix_of(instrs)
     cycles = mix.pipes(warps_per_subpartition, v100)
     bound = binding(cycles)
     util = cycles["tensor"] / cycles[bound] if cycles[bound] else 0.0
     peak = peak_tflops(Card(v100["sm_count"], v100["boost_clock_mhz"]), v100["boost_clock_mhz"], v100)
+    w = cta_warps or warps_per_subpartition
+    timed = phases.lockstep_cycles(instrs, w, v100)
+    mix = replace(mix, critical_cycles=timed["cycles"], critical_warps=w)
     return {"start": loop.start, "end": loop.end, "static_instructions": len(loop.instrs),
             "instructions": len(instrs), "dynamic": copy_bytes_per_thread is not None, "inner_loops": inner,
             "mix": counts, "model_mix": vars(mix), "shared_bytes": mix.shared_bytes,
             "shared_passes": mix.shared_passes, "load_rounds": len(mix.load_use_gaps),
-            "cycles": cycles, "binding": bound, "tensor_utilization_bound": util, "tflops_bound": util * peak}
+            "cycles": cycles, "binding": bound, "tensor_utilization_bound": util, "tflops_bound": util * peak,
+            "critical_cycles": timed["cycles"], "critical_warps": w, "critical_tensor_duty": timed["tensor_duty"],
+            "serial_runs": phases.serial_runs(instrs)}
 
 
 def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
@@ -293,15 +305,20 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
         geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
         copy = copy_bytes_per_thread(geo) if geo and geo["route"] == ROUTE else None
-        hot = [loop_row(f, lp, v100, w, copy) for lp in f.hot_loops()]
+        cta_w = -(-threads // (32 * v100["subpartitions_per_sm"])) if threads else w   # one CTA's warps per scheduler
+        hot = [loop_row(f, lp, v100, w, copy, cta_w) for lp in f.hot_loops()]
+        outside = None
         if geo and "tiles" in geo:     # one kernel, several kinds of tile
             for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
-                row["outside"] = outside_row(code)
+                row["outside"] = outside_row(code, cta_w, v100)
+        elif geo and hot:              # one kind of CTA: everything outside its hot loops runs once
+            inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
+            outside = outside_row([i for i in f.instrs if i.addr not in inside], cta_w, v100)
         out.append({
             "kernel": name, "registers": r.registers if r else None, "stack": r.stack if r else None,
             "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
             "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma, "geometry": geo,
-            "hot_loops": hot,
+            "hot_loops": hot, "outside": outside,
         })
     if unlaunched:
         raise EnvironmentProblem(f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
@@ -358,8 +375,11 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
     partials = plan["splits"] * shape.b * plan["heads"] * plan["rows"] * (d * 4 + 4) if plan["splits"] > 1 else 0
     hbm = 2 * q_bytes + shape.b * shape.q * shape.hq * 4 + 2 * shape.b * shape.kv * shape.hkv * d * 2 + partials
     loop = cheapest_hot_loop(kernel)
+    outside = kernel.get("outside")
     launches = [KernelLaunch(kernel["kernel"], LoopMix(**loop["model_mix"]), tuple(its), g["warps"],
-                             kernel["occupancy"]["blocks_per_sm"], hbm_bytes=hbm)]
+                             kernel["occupancy"]["blocks_per_sm"],
+                             LoopMix(**outside["model_mix"]) if outside else LoopMix(), 0 if outside else 1,
+                             hbm_bytes=hbm, fused=True)]
     if plan["splits"] > 1:
         launches.append(KernelLaunch("splitkv_combine_sm70_kernel", LoopMix(), (), 4, 1,
                                      prologue_load_rounds=0, hbm_bytes=partials + q_bytes))
@@ -374,7 +394,7 @@ def cheapest_hot_loop(kernel: dict) -> dict:
         raise EnvironmentProblem(f"kernel {kernel['kernel']} has no hot loop (no loop with HMMA)")
     most = max(lp["mix"].get("hmma", 0) for lp in kernel["hot_loops"])
     return min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
-               key=lambda lp: max(lp["cycles"].values()))
+               key=lambda lp: max(*lp["cycles"].values(), lp.get("critical_cycles", 0)))
 
 
 # --- The sm70-gqa-prefill route -----------------------------------------------------------------
@@ -467,8 +487,8 @@ def gqa_launches(shape: Shape, kernel: dict) -> tuple[list[KernelLaunch], dict]:
     g = kernel["geometry"]
     plan = gqa_plan(shape, g)
     loops = gqa_loops(kernel)
-    kinds = {name: CtaKind(LoopMix(**lp["model_mix"]), (), LoopMix(**lp["outside"]["model_mix"]),
-                           lp["outside"]["load_rounds"]) for name, lp in loops.items()}
+    kinds = {name: CtaKind(LoopMix(**lp["model_mix"]), (), LoopMix(**lp["outside"]["model_mix"]), 0)
+             for name, lp in loops.items()}
     kinds["idle"] = CtaKind(LoopMix(), (), LoopMix(), 0)
     launches = []
     for step in gqa_steps(shape, plan):
@@ -495,11 +515,16 @@ def gqa_eligible(shape: Shape, geometry: dict) -> bool:
 
 
 def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
-    """Bound, model and calibrated time of a route made of ``launches`` (run one after another)."""
-    details = [{**estimate_launch(x, card, v100), "bound": lower_bound(x, card, v100)} for x in launches]
-    model = sum(x["ms"] for x in details)
-    return {"launches": details, "bound_ms": sum(x["bound"]["ms"] for x in details), "model_ms": model,
-            "calibrated_ms": model * calibration["factor"]}
+    """Bound, model and calibrated time of a route made of ``launches`` (run one after another, at
+    the clock the route's tensor duty allows); the calibrated time with its range
+    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``loo_range``).
+    Per launch: the model's details, its calibrated time and what limits it once calibrated."""
+    model = estimate_route(launches, card, v100)
+    cal = estimate_route(launches, card, v100, Calibration(**calibration["parameters"]))
+    details = [{**m, "calibrated_ms": c["ms"], "calibrated_clock_mhz": c["clock_mhz"], "limited_by": c["limited_by"],
+                "bound": lower_bound(x, card, v100)} for x, m, c in zip(launches, model["launches"], cal["launches"])]
+    return {"launches": details, "bound_ms": sum(x["bound"]["ms"] for x in details), "model_ms": model["ms"],
+            "tensor_duty": cal["tensor_duty"], "clock_mhz": cal["clock_mhz"], **with_range(cal["ms"], calibration)}
 
 
 def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path) -> dict:
@@ -532,21 +557,24 @@ def prediction(shape: Shape, route: str, kernel: dict, plan: dict, launches: lis
     flops = useful_flops(shape)
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
     return {"label": shape.label, "route": route, "kernel": kernel["geometry"]["kernel"], "plan": plan,
-            "card": {"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
-            "useful_flops": flops, **est, "tflops_upper_bound": tflops(est["bound_ms"]),
-            "calibrated_tflops": tflops(est["calibrated_ms"]), "factor": calibration["factor"],
+            "card": {"sms": card.sms, "clock_mhz": card.clock_mhz}, "useful_flops": flops, **est,
+            "tflops_upper_bound": tflops(est["bound_ms"]), "calibrated_tflops": tflops(est["calibrated_ms"]),
+            "calibrated_tflops_low": tflops(est["calibrated_ms_high"]),
+            "calibrated_tflops_high": tflops(est["calibrated_ms_low"]),
             "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"])}
 
 
 def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path
                    ) -> list[dict]:
     """The sm70-dense prediction and, where the long-prefill op takes the shape, its own with the
-    ratio of the dense route's calibrated time to it (``vs_dense``)."""
+    ratio of the dense route's calibrated time to it (``vs_dense``) and whether their ranges
+    separate (``vs_dense_verdict``: "faster", "slower" or "not separated")."""
     dense = predict(shape, rows, card, v100, calibration, artifact)
     gqa = predict_gqa(shape, rows, card, v100, calibration)
     if gqa is None:
         return [dense]
-    return [dense, {**gqa, "vs_dense": dense["calibrated_ms"] / gqa["calibrated_ms"]}]
+    verdict = {"a": "faster", "b": "slower", "not separated": "not separated"}[faster_if_separated(gqa, dense)]
+    return [dense, {**gqa, "vs_dense": dense["calibrated_ms"] / gqa["calibrated_ms"], "vs_dense_verdict": verdict}]
 
 
 def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card) -> dict:
@@ -566,8 +594,7 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
     if shapes:
         v100 = load_v100()
         calibration = calibrate(v100)
-        out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz, "sustained_mhz": card.sustained_mhz(v100)},
-                   calibration=calibration,
+        out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz}, calibration=calibration,
                    predictions=[p for s in shapes for p in predict_routes(s, rows, card, v100, calibration, artifact)])
     return out
 
@@ -582,36 +609,48 @@ def render(result: dict) -> str:
         occ = k["occupancy"]
         occ_text = f"{occ['blocks_per_sm']} blk, {occ['warps_per_sm']} warps ({occ['limited_by']})" if occ else "-"
         for lp in k["hot_loops"] or [None]:
+            serial = lp and (lp["serial_runs"][0]["instructions"] if lp["serial_runs"] else 0)
             table.append([k["kernel"][:60], k["registers"], occ_text,
                           lp and f"{lp['instructions']}{'*' if lp['dynamic'] else ''}", lp and lp["mix"].get("hmma", 0),
-                          lp and f"{lp['shared_passes']:g}", lp and lp["load_rounds"], lp and lp["binding"],
+                          lp and f"{lp['shared_passes']:g}", lp and lp["mix"].get("shuffle", 0), lp and lp["load_rounds"],
+                          lp and lp["binding"], lp and f"{max(lp['cycles'].values()):.0f}",
+                          lp and f"{lp['critical_cycles']:.0f}", serial,
                           lp and f"{lp['tensor_utilization_bound']:.0%}", lp and f"{lp['tflops_bound']:.1f}"])
     lines.append(_table([[("-" if c is None else c) for c in r] for r in table],
-                        ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem passes", "load rounds",
-                         "binding", "tensor util <=", "TFLOP/s <="]))
+                        ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem passes", "SHFL", "load rounds",
+                         "binding", "pipe cycles", "CTA iteration cycles", "serial run", "tensor util <=",
+                         "TFLOP/s <="]))
+    lines.append("pipe cycles: the binding pipe per iteration at the kernel's occupancy (all its warps per "
+                 "scheduler); CTA iteration cycles: one CTA's iteration with its warps in phase, timed from the SASS "
+                 "(serial phases, dependency chains, loads waited for); serial run: the longest HMMA-free run of "
+                 "instructions in the loop.")
     if "predictions" not in result:
         return "\n".join(lines)
     cal, card = result["calibration"], result["card"]
-    lo, hi = cal["residual_range"]
     lines += ["", f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
-              f"bound: pipes only at {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). model: + exposed load latency, "
-              f"prologue/epilogue, dispatch tail and HBM at the sustained {card['sustained_mhz']:g} MHz. "
-              f"calibrated = model x {cal['factor']:.3f} ({len(cal['anchors'])} anchors, residuals "
-              f"{lo:+.1%} .. {hi:+.1%}; tolerance +-{cal['tolerance']:.0%})."]
+              f"bound: pipes only at the peak tensor rate and {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). model: "
+              f"one CTA's iteration timed from the SASS, prologue/epilogue, dispatch tail and HBM, at the clock the "
+              f"route's tensor duty allows under the 300 W cap (MHz). " + header_text(cal)]
     lines.append(_table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
-                          _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['calibrated_ms']:.3f}",
-                          _num(p["calibrated_tflops"]), f"{p['vs_dense']:.2f}x" if "vs_dense" in p else "-",
-                          _limits(p)]
+                          _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['clock_mhz']:.0f}",
+                          range_text(p["calibrated_ms"], p["calibrated_ms_low"], p["calibrated_ms_high"]),
+                          range_text(p["calibrated_tflops"], p["calibrated_tflops_low"], p["calibrated_tflops_high"], 1),
+                          f"{p['vs_dense']:.2f}x, {p['vs_dense_verdict']}" if "vs_dense" in p else "-", _limits(p)]
                          for p in result["predictions"]],
-                        ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "calibrated ms",
-                         "calibrated TFLOP/s", "vs dense", "limited by"]))
+                        ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "MHz", "calibrated ms (range)",
+                         "calibrated TFLOP/s (range)", "vs dense", "limited by"]))
     lines += ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
               "tools/fa2patch/data/anchors.toml), recomputed now:"]
-    lines.append(_table([[a["name"], f"{a['measured']:.4g} {a['unit']}", f"{a['model']:.4g} {a['unit']}",
-                          f"{a['ratio']:.3f}", f"{a['residual']:+.1%}"] for a in cal["anchors"]],
-                        ["anchor", "measured", "model", "ratio", "residual"]))
-    if not cal["within_tolerance"]:
-        lines.append(f"WARNING: one factor does not explain every anchor within +-{cal['tolerance']:.0%}")
+    lines.append(_table([[a["name"], f"{a['card']['sms']}, {a['card']['clock_mhz']:g}",
+                          f"{a['measured']:.4g} {a['unit']}", f"{a['model']:.4g}", f"{a['calibrated']:.4g}",
+                          f"{a['residual']:+.1%}", f"{a['loo_residual']:+.1%}", a["outlier"] or ""]
+                         for a in cal["anchors"]],
+                        ["anchor", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out",
+                         "outlier"]))
+    t = cal["targets"]
+    if not cal["within_targets"]:
+        lines.append(f"WARNING: an anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) or "
+                     f"+-{t['loo']:.0%} (leave-one-out)")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The V100 cycle model behind `fa2patch report`, and its calibration.
+"""The V100 cycle model behind `fa2patch report`.
 
 A route's time is the sum of its kernel launches' times. One launch (``KernelLaunch``) is a grid
 of CTAs in launch order, each running some iterations of one hot loop (``LoopMix``: what one warp
@@ -9,23 +9,27 @@ whose blockIdx picks one of several tiles has CTAs of several kinds (``CtaKind``
 
 - pipes: per iteration, W warps of a sub-partition need W x (tensor: 2 clocks per
   HMMA.884.F32 step, 4 per HMMA.884.F16 step; issue: 1 instruction per clock; shared memory:
-  4 sub-partitions share one 128-byte bank pass per clock, counted in passes, not bytes; FP32:
-  16 lanes; MUFU: 4 lanes). The largest of these is the iteration's pipe time;
-- latency: each round of global loads that the loop does not issue ahead of its use costs
-  max(0, L - W x the instructions between load and use) cycles, hidden only by other CTAs on
-  the SM: k CTAs per SM advance one iteration each in max(k x pipe, pipe + exposed);
-- per CTA: prologue load rounds (exposed latency) and the epilogue's pipe time, added to the
-  CTA's time (at 1 CTA per SM nothing overlaps them);
+  4 sub-partitions share one 128-byte bank pass per clock, counted in passes, not bytes, SHFL
+  one pass each; FP32: 16 lanes; MUFU: 4 lanes). The largest of these is the pipe time P;
+- one CTA's iteration C: where the loop's SASS is known, the time of its warps run in phase
+  (phases.lockstep_cycles: serial phases, dependency chains, loads waited for); otherwise P plus
+  the exposed latency of the global-load rounds the iteration waits for;
+- k CTAs per SM advance one iteration each in max(P of all their warps, C): only other CTAs
+  fill a CTA's serial phase and waits;
+- per CTA: the code outside its loop (prologue and epilogue, timed like C where known) runs
+  once, added to the CTA's time (at 1 CTA per SM nothing overlaps it);
 - the grid: CTAs are dispatched in launch order to SM slots (sms x ctas_per_sm) as slots free;
   the launch's compute time is the last slot's finish time (wave quantization and the causal
   tail included);
-- HBM: the launch takes at least hbm_bytes / bandwidth;
-- the clock: under sustained tensor load a 300 W V100 holds about 1,267 MHz, whatever its boost.
+- the clock: a 300 W V100 holds its boost clock while its tensor pipes are busy at most
+  ``duty_at_boost`` of the time and about 1,267 MHz at ``duty_at_power_cap``; in between the
+  model interpolates (``clock_for_duty``); a locked lower clock caps it;
+- HBM: the launch takes at least hbm_bytes / bandwidth.
 
-``calibrate`` recomputes published V100 measurements of open SM70 kernels (data/anchors.toml)
-with the current model and returns the one factor that best explains them all, with each
-anchor's residual; a calibrated estimate is model x factor. Parameters and their sources are in
-data/v100.toml; docs/report-model.md describes the model, its anchors and its limits.
+``Calibration`` carries the fitted parameters (calibration.py fits them to published V100
+measurements of open SM70 kernels, data/anchors.toml): the model's own time is estimate_launch
+with ``Calibration()``. Parameters and their sources are in data/v100.toml; docs/report-model.md
+describes the model, its anchors and its limits.
 """
 
 import heapq
@@ -48,24 +52,43 @@ def load_v100() -> dict:
 
 @dataclass(frozen=True)
 class Card:
-    """A V100: its SM count and its boost (or locked) clock. Under sustained tensor load the
-    model runs it at min(clock, the power-capped sustained clock)."""
+    """A V100: its SM count and its boost (or locked) clock. A kernel runs at the lower of that
+    clock and what the 300 W cap allows at its tensor duty (``clock_for_duty``)."""
     sms: int = 80
     clock_mhz: float = 1530.0
 
-    def sustained_mhz(self, v100: dict) -> float:
-        return min(self.clock_mhz, v100["sustained_tensor_clock_mhz"])
+    def clock_at(self, duty: float, v100: dict) -> float:
+        return min(self.clock_mhz, clock_for_duty(duty, v100))
 
-    def label(self, v100: dict) -> str:
-        return (f"{self.sms} SMs, {self.clock_mhz:g} MHz (modelled at {self.sustained_mhz(v100):g} MHz "
-                f"sustained)")
+
+def clock_for_duty(duty: float, v100: dict) -> float:
+    """The clock a 300 W V100 holds while its tensor pipes are busy ``duty`` of the time: the
+    boost clock up to ``duty_at_boost`` (split-D-class kernels scale with the clock), the
+    power-capped clock from ``duty_at_power_cap`` (cuBLAS-class GEMMs), linear in between."""
+    lo, hi = v100["duty_at_boost"], v100["duty_at_power_cap"]
+    boost, capped = v100["boost_clock_mhz"], v100["sustained_tensor_clock_mhz"]
+    x = min(1.0, max(0.0, (duty - lo) / (hi - lo)))
+    return boost + (capped - boost) * x
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted parameters (calibration.py): ``cycle_factor`` multiplies every modelled cycle of a
+    CTA (its iterations and its code outside the loop), ``cta_cycles`` adds cycles to every CTA
+    of a fused attention kernel (an FA2-style grid: one CTA per query tile over its keys). The
+    defaults are the model itself."""
+    cycle_factor: float = 1.0
+    cta_cycles: float = 0.0
 
 
 @dataclass(frozen=True)
 class LoopMix:
     """What one warp issues per iteration of a loop (dynamic counts: inner loops times their
     trip counts). ``load_use_gaps``: for each round of global loads whose results the same
-    iteration uses, the warp's instructions between the round's first load and the first use."""
+    iteration uses, the warp's instructions between the round's first load and the first use.
+    ``critical_cycles``: one iteration of a CTA whose ``critical_warps`` warps per sub-partition
+    run in phase, timed from the SASS (phases.lockstep_cycles); 0 where the SASS is not known.
+    For code that runs once per CTA (an epilogue), the time of that code."""
     instructions: float = 0
     hmma_f32_steps: float = 0       # HMMA.884.F32.*: 4 steps of 2 clocks per mma.m8n8k4
     hmma_f16_steps: float = 0       # HMMA.884.F16.*: 2 steps of 4 clocks per mma.m8n8k4
@@ -74,6 +97,9 @@ class LoopMix:
     fp32: float = 0
     mufu: float = 0
     load_use_gaps: tuple = ()
+    shuffles: float = 0             # SHFL: one shared-memory pass each
+    critical_cycles: float = 0
+    critical_warps: int = 0
 
     def pipes(self, warps: float, v100: dict) -> dict[str, float]:
         """Cycles of one sub-partition while ``warps`` warps each run one iteration."""
@@ -81,16 +107,37 @@ class LoopMix:
             "tensor": warps * (self.hmma_f32_steps * v100["mma884_clocks"] / 4
                                + self.hmma_f16_steps * v100["mma884_clocks"] / 2),
             "issue": warps * self.instructions / v100["issue_per_clock_per_subpartition"],
-            "shared_memory": warps * self.shared_passes * SUBPARTITIONS / v100["shared_passes_per_clock_per_sm"],
+            "shared_memory": warps * (self.shared_passes + self.shuffles) * SUBPARTITIONS
+                             / v100["shared_passes_per_clock_per_sm"],
             "fp32": warps * self.fp32 * 32 / v100["fp32_lanes_per_subpartition"],
             "mufu": warps * self.mufu * 32 / v100["mufu_lanes_per_subpartition"],
         }
 
+    def sustained_pipes(self, warps: float, v100: dict) -> dict[str, float]:
+        """``pipes`` with the tensor pipe at the rate ``warps`` warps sustain: one warp issues an
+        mma no faster than every four_chain_mma884_issue_cycles, more warps fill the pipe's mma884_clocks."""
+        pipes = self.pipes(warps, v100)
+        lone = v100["four_chain_mma884_issue_cycles"] / (v100["mma884_clocks"] * warps) if warps else 1.0
+        return {**pipes, "tensor": pipes["tensor"] * max(1.0, lone)}
+
     def exposed_latency(self, warps: float, v100: dict) -> float:
         """Cycles per iteration spent waiting on global loads that ``warps`` warps of a
         sub-partition cannot cover by issuing other instructions."""
-        latency = v100["global_load_latency_cycles"]
+        latency = v100["dependent_ldg_l2_hit_cycles"]
         return sum(max(0.0, latency - warps * gap) for gap in self.load_use_gaps)
+
+    def iteration_cycles(self, warps: int, v100: dict) -> float:
+        """One CTA's iteration with ``warps`` warps per sub-partition: the SASS-timed critical
+        path where known for these warps, else the pipe time plus the exposed latency."""
+        if self.critical_cycles and self.critical_warps == warps:
+            return self.critical_cycles
+        return max(self.sustained_pipes(warps, v100).values()) + self.exposed_latency(warps, v100)
+
+    def once_cycles(self, warps: int, v100: dict) -> float:
+        """The same code run once per CTA (an epilogue): timed where known, else its pipe time."""
+        if self.critical_cycles and self.critical_warps == warps:
+            return self.critical_cycles
+        return max(self.sustained_pipes(warps, v100).values())
 
 
 @dataclass(frozen=True)
@@ -119,6 +166,7 @@ class KernelLaunch:
     prologue_load_rounds: int = 1
     hbm_bytes: float = 0.0
     more: tuple = ()
+    fused: bool = False             # an FA2-style grid (Calibration.cta_cycles applies)
 
     def kinds(self) -> list[CtaKind]:
         return [CtaKind(self.loop, self.iterations, self.epilogue, self.prologue_load_rounds), *self.more]
@@ -130,40 +178,71 @@ def binding(cycles: dict[str, float]) -> str:
 
 def makespan(durations, slots: int) -> float:
     """Finish time of the last CTA when CTAs start in order on the first free of ``slots``."""
+    durations = list(durations)
+    if durations and min(durations) == max(durations):       # equal CTAs: whole waves
+        return -(-len(durations) // slots) * durations[0]
     free = [0.0] * slots
     for d in durations:
         heapq.heapreplace(free, free[0] + d)
     return max(free)
 
 
-def estimate_launch(launch: KernelLaunch, card: Card, v100: dict) -> dict:
-    """The model's time for one launch on ``card`` (see the module docstring). The details of the
-    first kind of CTA are at the top level; ``kinds`` has each kind's."""
+def estimate_launch(launch: KernelLaunch, card: Card, v100: dict, cal: Calibration = Calibration(),
+                    clock_mhz: float | None = None) -> dict:
+    """The time of one launch on ``card`` (see the module docstring), with the fitted parameters
+    ``cal`` (the defaults: the model itself), at ``clock_mhz`` or else at the clock its own tensor
+    duty allows. The details of the first kind of CTA are at the top level; ``kinds`` has each
+    kind's."""
     k = launch.ctas_per_sm
     w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)       # warps of one CTA per scheduler
-    kinds, durations = [], []
+    extra = cal.cta_cycles if launch.fused else 0.0
+    kinds, durations, tensor = [], [], 0.0
     for kind in launch.kinds():
-        pipes = kind.loop.pipes(w_cta, v100)
-        pipe = max(pipes.values())
-        exposed = kind.loop.exposed_latency(w_cta, v100)   # other CTAs fill it: round_cycles
-        round_cycles = max(k * pipe, pipe + exposed)                  # every resident CTA, one iteration
-        epilogue = max(kind.epilogue.pipes(w_cta, v100).values())
-        fixed = kind.prologue_load_rounds * v100["global_load_latency_cycles"] + epilogue
+        pipes = kind.loop.sustained_pipes(w_cta, v100)
+        pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())   # all resident CTAs' warps
+        exposed = kind.loop.exposed_latency(w_cta, v100)
+        critical = kind.loop.iteration_cycles(w_cta, v100)
+        round_cycles = cal.cycle_factor * max(pipe, critical)        # every resident CTA, one iteration
+        epilogue = kind.epilogue.once_cycles(w_cta, v100)
+        fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + epilogue) + extra
         kinds.append({"ctas": len(kind.iterations), "cta_iterations": sum(kind.iterations),
                       "pipes_per_cta_iteration": pipes, "binding": binding(pipes), "exposed_latency": exposed,
-                      "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
+                      "critical_cycles": critical, "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
         durations += [fixed + n * round_cycles for n in kind.iterations]
-    clock = card.sustained_mhz(v100) * 1e6
+        tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)   # busy at the pipe's rate
     compute = makespan(durations, card.sms * k)
+    duty = tensor / (compute * card.sms) if compute else 0.0
+    clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
     hbm = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
     seconds = max(compute / clock, hbm)
     first = kinds[0]
     return {"name": launch.name, "ctas": len(durations), "cta_iterations": sum(x["cta_iterations"] for x in kinds),
             "ctas_per_sm": k, "warps_per_subpartition": k * w_cta, **{x: first[x] for x in (
-                "pipes_per_cta_iteration", "binding", "exposed_latency", "round_cycles", "fixed_cycles_per_cta")},
-            "kinds": kinds, "compute_cycles": compute, "clock_mhz": clock / 1e6,
+                "pipes_per_cta_iteration", "binding", "exposed_latency", "critical_cycles", "round_cycles",
+                "fixed_cycles_per_cta")},
+            "kinds": kinds, "compute_cycles": compute, "tensor_cycles": tensor / card.sms, "tensor_duty": duty,
+            "clock_mhz": clock / 1e6,
             "hbm_ms": hbm * 1e3, "limited_by": "hbm" if hbm > compute / clock else "compute",
             "ms": seconds * 1e3}
+
+
+def estimate_route(launches: list[KernelLaunch], card: Card, v100: dict, cal: Calibration = Calibration()) -> dict:
+    """Launches run one after another at one clock: the one the route's tensor duty (tensor-busy
+    over compute cycles, all launches together) allows; the 300 W cap acts on the power averaged
+    over a call, whose launches alternate faster than that. {launches, duty, clock_mhz, ms}."""
+    own = [estimate_launch(x, card, v100, cal) for x in launches]
+    cycles = sum(x["compute_cycles"] for x in own)
+    duty = sum(x["tensor_cycles"] for x in own) / cycles if cycles else 0.0
+    clock = card.clock_at(duty, v100)
+    details = [at_clock(x, clock) for x in own]
+    return {"launches": details, "tensor_duty": duty, "clock_mhz": clock, "ms": sum(x["ms"] for x in details)}
+
+
+def at_clock(estimate: dict, clock_mhz: float) -> dict:
+    """A launch's estimate with its compute cycles at another clock (its cycles do not depend on it)."""
+    compute_ms = estimate["compute_cycles"] / (clock_mhz * 1e3)
+    return {**estimate, "clock_mhz": clock_mhz, "ms": max(compute_ms, estimate["hbm_ms"]),
+            "limited_by": "hbm" if estimate["hbm_ms"] > compute_ms else "compute"}
 
 
 def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
@@ -241,84 +320,20 @@ def access_passes(bytes_per_lane: int) -> int:
 
 
 def mix_from_data(d: dict) -> LoopMix:
+    """A LoopMix from anchors.toml: counts, shared accesses (``shared``, see ``shared_passes``),
+    SHFL (``shuffles`` or ``shfl``), and where the kernel's SASS was timed, ``critical_cycles`` for
+    ``critical_warps``."""
     passes, total = shared_passes(d.get("shared", []))
     return LoopMix(instructions=d.get("instructions", 0), hmma_f32_steps=d.get("hmma_f32_steps", 0),
-                   hmma_f16_steps=d.get("hmma_f16_steps", 0), shared_passes=passes, shared_bytes=total,
-                   fp32=d.get("fp32", 0), mufu=d.get("mufu", 0), load_use_gaps=tuple(d.get("load_use_gaps", ())))
-
-
-def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
-    """The launches an anchor's measurement covers, rebuilt from its recorded workload."""
-    work = anchor["workload"]
-    kernel = kernels[anchor["kernel"]] if "kernel" in anchor else None
-    if work["kind"] == "fa2-forward":
-        its = fa2_grid_iterations(work["q"], work["kv"], work["causal"], kernel["rows_per_cta"],
-                                  kernel["keys_per_iteration"], work["hq"])
-        return [KernelLaunch(anchor["kernel"], mix_from_data(kernel["loop"]), tuple(its), kernel["warps"],
-                             kernel["ctas_per_sm"], prologue_load_rounds=kernel["prologue_load_rounds"])]
-    if work["kind"] == "kv-blocked-gemms":
-        qk, pv = kernels[work["qk_kernel"]], kernels[work["pv_kernel"]]
-        rows, d = work["q"] * work["hq"] // work["hkv"], work["d"]
-        launches = []
-        prefix = work["kv"] - work["q"]
-        for start in range(0, prefix, work["block_keys"]):
-            n = min(work["block_keys"], prefix - start)
-            scores = rows * n * 2
-            launches.append(gemm_launch(work["qk_kernel"], mix_from_data(qk["loop"]), qk, rows, n, d,
-                                        scores + rows * d * 2 + n * d * 2, mix_from_data(qk.get("epilogue", {}))))
-            launches.append(gemm_launch(work["pv_kernel"], mix_from_data(pv["loop"]), pv, rows, d, n,
-                                        scores + n * d * 2))
-        return launches
-    raise ValueError(f"anchor {anchor['name']}: unknown workload kind {work['kind']!r}")
-
-
-def anchor_card(anchor: dict) -> Card:
-    return Card(anchor["card"]["sms"], anchor["card"]["clock_mhz"])
-
-
-def anchor_measured_ms(anchor: dict, kernels: dict) -> float:
-    """The measured time of what the model covers: recorded in ms (less ``excluded_ms``, a part
-    measured separately), or as a multiple of the bound the measurement was published against
-    (``ratio_to_bound``: warp-iterations x bound cycles / (sms x 4) at the bound's clock; a
-    [low, high] range counts as its middle)."""
-    if "measured_ms" in anchor:
-        return anchor["measured_ms"] - anchor.get("excluded_ms", 0.0)
-    ref = anchor["ratio_to_bound"]
-    (launch,) = anchor_launches(anchor, kernels)
-    warp_iterations = sum(launch.iterations) * launch.warps_per_cta
-    bound_ms = (warp_iterations * ref["bound_cycles_per_warp_iteration"]
-                / (anchor_card(anchor).sms * SUBPARTITIONS) / (ref["bound_clock_mhz"] * 1e6) * 1e3)
-    ratio = ref["ratio"]
-    return bound_ms * (sum(ratio) / 2 if isinstance(ratio, list) else ratio)
-
-
-def evaluate_anchor(anchor: dict, kernels: dict, v100: dict) -> dict:
-    """Measured and modelled value of one anchor and their ratio (> 1: slower than the model). A
-    rate anchor compares TFLOP/s with the modelled tensor peak at the sustained clock."""
-    card = anchor_card(anchor)
-    row = {"name": anchor["name"], "source": anchor["source"]}
-    if anchor["workload"]["kind"] == "tensor-peak":
-        model = peak_tflops(card, card.sustained_mhz(v100), v100)
-        return {**row, "unit": "TFLOP/s", "measured": anchor["measured_tflops"], "model": model,
-                "ratio": model / anchor["measured_tflops"]}
-    measured = anchor_measured_ms(anchor, kernels)
-    model = sum(estimate_launch(x, card, v100)["ms"] for x in anchor_launches(anchor, kernels))
-    return {**row, "unit": "ms", "measured": measured, "model": model, "ratio": measured / model}
+                   hmma_f16_steps=d.get("hmma_f16_steps", 0), shared_passes=passes + d.get("shared_passes", 0),
+                   shared_bytes=total, fp32=d.get("fp32", 0), mufu=d.get("mufu", 0),
+                   load_use_gaps=tuple(d.get("load_use_gaps", ())), shuffles=d.get("shuffles", d.get("shfl", 0)),
+                   critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
 
 
 def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
-    """Recompute every anchor with the current model; the factor is the geometric middle of the
-    smallest and largest ratio (it minimises the largest residual); residual = ratio / factor - 1.
-    A calibrated estimate is the model's time x factor."""
-    v100 = v100 or load_v100()
-    data = data or load_data("anchors.toml")
-    kernels = {k["name"]: k for k in data["kernel"]}
-    rows = [evaluate_anchor(a, kernels, v100) for a in data["anchor"]]
-    ratios = [r["ratio"] for r in rows]
-    factor = math.sqrt(min(ratios) * max(ratios))
-    for r in rows:
-        r["residual"] = r["ratio"] / factor - 1
-    residuals = [r["residual"] for r in rows]
-    return {"factor": factor, "tolerance": data["tolerance"], "anchors": rows,
-            "residual_range": [min(residuals), max(residuals)],
-            "within_tolerance": all(abs(x) <= data["tolerance"] for x in residuals)}
+    """The fitted parameters, every anchor's residual and leave-one-out residual, and the range
+    rule (calibration.calibrate)."""
+    from .calibration import calibrate as fit
+
+    return fit(v100, data)
