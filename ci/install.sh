@@ -17,6 +17,7 @@ clang_major=$(pin clang)
 
 apt_missing=()
 command -v "clang++-$clang_major" >/dev/null || apt_missing+=("clang-$clang_major")
+command -v "clang-format-$clang_major" >/dev/null || apt_missing+=("clang-format-$clang_major")  # tests/test_clang_format.py
 command -v ccache >/dev/null || apt_missing+=(ccache)
 command -v git >/dev/null || apt_missing+=(git)
 command -v c++filt >/dev/null || apt_missing+=(binutils)

@@ -182,6 +182,46 @@ print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": 
     assert kernel["block_plan"] == {"min_block_keys": 256, "max_block_keys": 8192, "score_budget_bytes": 768 << 20}
 
 
+PLAN_SHAPES = [(8000, 40000, 6, 1), (8000, 128000, 6, 1), (1024, 16384, 4, 1), (256, 640, 2, 1), (777, 50001, 5, 1),
+               (3000, 9000, 16, 2), (1, 1, 1, 1), (5, 0, 4, 4), (2048, 2048, 8, 8)]
+
+
+def test_long_prefill_plan_op_agrees_with_reports_walk(built_sm70):
+    """gqa_prefill_plan (the op's block plan and launch sequence, from the C++ that runs them) against
+    report.gqa_plan / gqa_steps, an independent Python walk of the same launches from build_info()'s
+    geometry: per shape the block size, blocks and packed rows, and per launch every CTA's kind and
+    main-loop iterations in blockIdx order. Two implementations written apart must agree."""
+    from fa2patch.bench import Shape
+    from fa2patch.report import gqa_plan, gqa_steps
+
+    code = r"""
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+ops = torch.ops._vllm_fa2_C
+shapes = json.loads(sys.argv[2])
+print(json.dumps({"plans": [json.loads(ops.gqa_prefill_plan(*s)) for s in shapes],
+                  "sizes": [ops.gqa_prefill_workspace_bytes(*s) for s in shapes],
+                  "info": json.loads(ops.build_info())}))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so"), json.dumps(PLAN_SHAPES)],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    geometry = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
+    for (q, kv, hq, hkv), op, size in zip(PLAN_SHAPES, r["plans"], r["sizes"]):
+        shape = Shape(q, kv, hq, hkv, geometry["head_dim"], True, 0.0625)
+        plan = gqa_plan(shape, geometry)
+        assert {k: op[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")} == \
+            {k: plan[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")}, shape
+        assert op["workspace_bytes"] == size == _prefill_workspace_bytes(q, kv, hq, hkv)
+        walked = gqa_steps(shape, plan)
+        assert len(op["steps"]) == len(walked) == plan["num_blocks"] + 1, shape
+        for s, (step, python) in enumerate(zip(op["steps"], walked)):
+            ctas = [(kind, iterations) for kind, count, iterations in step["runs"] for _ in range(count)]
+            assert ctas == [(c[0], c[1]) for c in python["ctas"]], (shape, s)
+            assert step["ctas"] == len(ctas) == (step["pv"] or {}).get("ctas", 0) + (step["qk"] or {}).get("ctas", 0)
+            assert (step["pv"] is None) == (s == 0) and (step["qk"] is None) == (s == plan["num_blocks"])
+
+
 def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):
     """Header paths reach the binary through __FILE__: neither the project, the workspace nor the
     Python environment (torch's headers) may appear in it, or the bytes depend on the machine."""

@@ -221,6 +221,12 @@ PROFILE_TABLE = [
     ("ineligible-splits-for-decode", {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128}, "eligible",
      [{"group": 4, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": EXACT, "splits": 3}],
      {"routes": {EXACT: 1}, "exact_reasons": {"head_dim": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+    # A sliding window: tune measures full causal calls only, so every decision is ineligible for a
+    # windowed call (spec: "Sliding-window calls"), a split-KV one included.
+    ("ineligible-splits-for-a-window", {"window": [512, 0]}, "eligible", [{**AT_BASE, "route": EXACT, "splits": 3}],
+     {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+    ("ineligible-exact-for-a-window", {"window": [512, 0]}, "eligible", [{**AT_BASE, "route": EXACT}],
+     {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
 ]
 
 
@@ -252,6 +258,11 @@ def test_profile_decisions_without_running_attention(gpu_build):
         {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 5000},  # decision 2
         {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 5000},   # decode
         {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 0},     # no keys
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_left": 1024},   # decision 0, window
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "window_size_right": 64},    # decision 1, window
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 5000,
+         "window_size_left": 0},                                                          # decision 2, window
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_right": 0},     # causal: decision 0
     ]
     r = run(gpu_build, "decide", BASE, sms="device", profile={"decisions": decisions}, decide=asked)
     got = [(d["route"], d["splits"], d["by"], d["profile_ineligible"]) for d in r["decided"]]
@@ -262,6 +273,10 @@ def test_profile_decisions_without_running_attention(gpu_build):
     assert got[5] == (EXACT, 1, "builtin", "not_causal"), r
     assert got[6] == (SPLIT, 2, "profile", None), r
     assert got[7] == (EXACT, 1, "builtin", "decode") and got[8] == (EXACT, 1, "builtin", "no_keys"), r
+    # A window (left >= 0, or right > 0: right = 0 is the causal default) makes every decision ineligible.
+    assert got[9:12] == [(EXACT, 1, "builtin", "window")] * 3, r
+    assert [d["reason"] for d in r["decided"][9:12]] == ["window", "window", "head_dim"], r   # the first unfit
+    assert got[12] == (SPLIT, 3, "profile", None), r
     assert r["profile"]["status"] == "in use" and r["profile"]["decisions"] == 3, r
 
 
