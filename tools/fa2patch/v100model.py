@@ -370,9 +370,9 @@ def mix_from_data(d: dict) -> LoopMix:
                    critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
 
 
-def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
+def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dict] = ()) -> dict:
     """The fitted parameters, every anchor's residual and leave-one-out residual, and the range
-    rule (calibration.calibrate)."""
+    rule (calibration.calibrate; ``user``: users' anchors)."""
     from .calibration import calibrate as fit
 
-    return fit(v100, data)
+    return fit(v100, data, user)
