@@ -231,7 +231,8 @@ def test_real_split_kv_route(built_sm70):
         assert comb["ctas"] == 6 * 4096 // 4 and comb["name"] == "splitkv_combine_sm70_kernel"
         assert p["plan"]["partial_bytes"] == s * 6 * 4096 * (256 * 4 + 4)
         for key, other in (("vs_dense", dense), ("vs_gqa", gqa)):
-            apart = p["calibrated_ms_high"] < other["calibrated_ms_low"] or other["calibrated_ms_high"] < p["calibrated_ms_low"]
+            apart = (p["calibrated_ms_high"] < other["calibrated_ms_low"]
+                     or other["calibrated_ms_high"] < p["calibrated_ms_low"])
             assert p[key] == other["calibrated_ms"] / p["calibrated_ms"]
             assert (p[key + "_verdict"] == "not separated") == (not apart)
 

@@ -93,8 +93,8 @@ def run(artifact: Path) -> None:
                                                    s)[0]
                 timer = route_timer(launches, card, v100)
                 spread = [dense_timer(c) / timer(c) for c in loo]
-                out["splits"][s] = {"ms": split["calibrated_ms"], "ratio": v["vs_dense"], "verdict": v["vs_dense_verdict"],
-                                    "loo_ratio": [min(spread), max(spread)]}
+                out["splits"][s] = {"ms": split["calibrated_ms"], "ratio": v["vs_dense"],
+                                    "verdict": v["vs_dense_verdict"], "loo_ratio": [min(spread), max(spread)]}
             print(json.dumps(out), flush=True)
 
 

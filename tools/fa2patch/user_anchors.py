@@ -129,9 +129,10 @@ def render_calibration(result: dict, table) -> list[str]:
     if fit:
         b, a = fit["before"], fit["after"]
         pct = lambda r: f"{r[0]:+.1%} .. {r[1]:+.1%}"  # noqa: E731
+        pb, pa = b["parameters"], a["parameters"]
         lines += ["", f"The fit with users' anchors ({', '.join(fit['files'])}): {b['anchors']} -> {a['anchors']} "
-                  f"anchors; cycle factor {b['parameters']['cycle_factor']:.3f} -> {a['parameters']['cycle_factor']:.3f}, "
-                  f"cycles per fused CTA {b['parameters']['cta_cycles']:,.0f} -> {a['parameters']['cta_cycles']:,.0f}; "
+                  f"anchors; cycle factor {pb['cycle_factor']:.3f} -> {pa['cycle_factor']:.3f}, "
+                  f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
                   f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out (the range) "
                   f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}. A user anchor runs at its measured clock "
                   f"(the clock column above)."]
