@@ -394,3 +394,20 @@ def test_the_copy_loop_runs_as_often_as_the_geometry_needs(copy_bytes, trips, pe
     # Without a geometry the loop counts once, as written.
     static, notes = dynamic_loop(f, hot, None)
     assert len(static) == len(hot.instrs) and notes[0]["source"] == "static (trip count unknown)"
+
+
+def test_the_route_timer_is_estimate_route_as_a_function_of_the_parameters():
+    """route_timer works out once what does not depend on the fitted parameters; at any
+    parameters it must give estimate_route's time: fused and unfused launches, CTAs of several
+    kinds, HBM-bound launches, the clock by duty or a measured one."""
+    fused = launch(iterations=(5, 1, 7, 3, 2, 9), fused=True, ctas_per_sm=2)
+    gemm = launch(loop=LoopMix(instructions=100, hmma_f32_steps=100, critical_cycles=150, critical_warps=1),
+                  iterations=(4, 4, 4, 1), more=(m.CtaKind(LoopMix(instructions=30), (2, 6)),))
+    hbm = launch(iterations=(1,), hbm_bytes=5e6)
+    for launches in ([fused], [gemm, fused, hbm], [hbm]):
+        for clock in (None, 1312.0):
+            timer = m.route_timer(launches, Card(3, 1530), V100, clock)
+            for cal in (Calibration(), Calibration(1.3, 20000), Calibration(0.9, 3)):
+                want = m.estimate_route(launches, Card(3, 1530), V100, cal, clock)
+                assert timer(cal) == pytest.approx(want["ms"], rel=1e-12)
+                assert clock is None or want["clock_mhz"] == clock

@@ -155,11 +155,14 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert out["card"]["sms"] == 72 and out["calibration"]["within_targets"]
     assert all({"source", "loo_residual", "residual", "measured"} <= set(a) for a in out["calibration"]["anchors"])
     assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
-    # Both routes for the causal D=256 shapes (the long-prefill one with its A/B), dense alone for decode.
-    assert [(p["label"].split(" Hq")[0], p["route"]) for p in out["predictions"]] == [
-        ("Q=8192 KV=8192", "sm70-dense"), ("Q=8192 KV=8192", "sm70-gqa-prefill"), ("B=8 Q=1 KV=4096", "sm70-dense"),
-        ("Q=1024 KV=16384", "sm70-dense"), ("Q=1024 KV=16384", "sm70-gqa-prefill")]
-    prefill, gqa, decode = out["predictions"][:3]
+    # Both routes for the causal D=256 shapes (the long-prefill one with its A/B) and split-KV x2..4
+    # (the default --splits) on the prefill shapes; dense alone for decode.
+    splits = [(label, "sm70-dense-splitkv", s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
+    assert [(p["label"].split(" Hq")[0], p["route"], p["plan"].get("splits", 1)) for p in out["predictions"]] == [
+        ("Q=8192 KV=8192", "sm70-dense", 1), ("Q=8192 KV=8192", "sm70-gqa-prefill", 1), *splits[:3],
+        ("B=8 Q=1 KV=4096", "sm70-dense", out["predictions"][5]["plan"]["splits"]),
+        ("Q=1024 KV=16384", "sm70-dense", 1), ("Q=1024 KV=16384", "sm70-gqa-prefill", 1), *splits[3:]]
+    prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
     lo, hi = out["calibration"]["loo_range"]
     for p in (prefill, gqa, decode):
         assert p["bound_ms"] < p["model_ms"]
@@ -197,3 +200,81 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
     for name, lp in gqa_loops(gqa).items():
         pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
         assert k * max(pipes.values()) >= lp["critical_cycles"], (name, pipes, lp["critical_cycles"])
+
+
+def test_real_split_kv_route(built_sm70):
+    """The split route on the shipped SASS: the combine kernel's column loop is found and timed
+    (no HMMA; its code outside the loop too); a split prediction is the forward kernel with
+    splits x the unsplit CTAs and the same key blocks, then one combine launch of one warp per
+    output row; its verdicts follow its ranges."""
+    from fa2patch.bench import Shape
+    from fa2patch.calibration import calibrate
+    from fa2patch.report import predict_routes
+    from fa2patch.v100model import Card, load_v100
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    rows = real_rows(artifact)
+    (combine,) = [r["combine"] for r in rows if "combine" in r]
+    assert combine["threads"] == 128 and combine["loop"]["critical_cycles"] > 0
+    assert combine["loop"]["mix"].get("hmma", 0) == 0 and combine["loop"]["mix"].get("ldg", 0) > 0
+    assert combine["outside"]["cycles"] > 0
+    v100 = load_v100()
+    cal = calibrate(v100)
+    shape = Shape(4096, 32768, 6, 1, 256, True, 0.0625)
+    dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4))
+    forward = dense["launches"][0]
+    assert forward["ctas"] == 64 * 6 and gqa["route"] == "sm70-gqa-prefill"
+    for s, p in zip((2, 3, 4), splits):
+        fwd, comb = p["launches"]
+        assert (p["route"], p["plan"]["splits"]) == ("sm70-dense-splitkv", s)
+        assert fwd["ctas"] == s * forward["ctas"] and fwd["cta_iterations"] == forward["cta_iterations"]
+        assert comb["ctas"] == 6 * 4096 // 4 and comb["name"] == "splitkv_combine_sm70_kernel"
+        assert p["plan"]["partial_bytes"] == s * 6 * 4096 * (256 * 4 + 4)
+        for key, other in (("vs_dense", dense), ("vs_gqa", gqa)):
+            apart = (p["calibrated_ms_high"] < other["calibrated_ms_low"]
+                     or other["calibrated_ms_high"] < p["calibrated_ms_low"])
+            assert p[key] == other["calibrated_ms"] / p["calibrated_ms"]
+            assert (p[key + "_verdict"] == "not separated") == (not apart)
+
+
+def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
+    """`report --anchors`: a bench file whose cases are the model's own times at (1.3, 20,000)
+    on this build (our routes' launches, 80 SMs, the NVML clock) joins the calibration: the report
+    lists each user anchor with its file, route and clock, the fit before and after, and residuals;
+    a file from another GPU is refused naming it."""
+    from dataclasses import asdict
+
+    from fa2patch.bench import Shape
+    from fa2patch.report import route_launches
+    from fa2patch.v100model import Calibration, Card, estimate_route, load_v100
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    rows = real_rows(artifact)
+    cases = []
+    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-dense", 1440.0),
+                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-gqa-prefill", 1320.0),
+                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), "sm70-dense", 1500.0)):
+        card = Card(80, clock)
+        ms = estimate_route(route_launches(shape, rows, route, card, artifact), card, load_v100(),
+                            Calibration(1.3, 20000), clock)["ms"]
+        cases.append({"route": route, "shape": asdict(shape), "label": shape.label, "median_ms": ms,
+                      "clocks": {"sm_clock_mhz": {"min": clock, "median": clock, "max": clock}}})
+    bench = tmp_path / "v100.json"
+    bench.write_text(json.dumps({"gpu": "Tesla V100-SXM2-16GB", "capability": "sm_70", "sms": 80, "results": cases}))
+    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--anchors", str(bench), "--json",
+                            "--shapes", "q=4096,kv=32768,hq=6,hkv=1,d=256")
+    out = json.loads(proc.stdout)
+    fit = out["anchor_fit"]
+    assert fit["files"] == [str(bench)] and fit["after"]["anchors"] == fit["before"]["anchors"] + 3
+    assert [(a["route"], a["clock_mhz"], a["card"]["sms"]) for a in fit["user_anchors"]] == [
+        ("sm70-dense", 1440.0, 80), ("sm70-gqa-prefill", 1320.0, 80), ("sm70-dense", 1500.0, 80)]
+    users = [a for a in out["calibration"]["anchors"] if a["kind"] == "user"]
+    assert len(users) == 3 and all({"residual", "loo_residual", "file", "clock_source"} <= set(a) for a in users)
+    assert out["calibration"]["parameters"] == fit["after"]["parameters"] != fit["before"]["parameters"]
+    text = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--anchors", str(bench)).stdout
+    assert "The fit with users' anchors" in text and "v100.json" in text
+    h200 = tmp_path / "h200.json"
+    h200.write_text(json.dumps({"gpu": "NVIDIA H200", "capability": "sm_90", "sms": 132, "results": cases}))
+    proc = real_project.run("report", "--arch", "sm_70", "--anchors", str(h200), check_rc=None)
+    assert proc.returncode != 0 and "h200.json: expected a bench file from an sm_70 card" in proc.stderr + proc.stdout
+    assert "'sm_90'" in proc.stderr + proc.stdout

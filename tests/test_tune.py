@@ -461,23 +461,35 @@ def test_split_kv_without_the_hook_is_not_measured():
 # --- the estimate --------------------------------------------------------------------------------------
 
 def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
+    """Each route at each point is charged report's estimate for that route (split-KV at its own
+    split count), warm-up + timed + 1 numerics calls; a route report does not estimate is charged
+    the exact route's time and the note says which."""
     import fa2patch.report as report
     from fa2patch.v100model import Card
 
-    def fake(artifact, arch, launch, shapes, card):
+    asked = []
+
+    def fake(artifact, arch, launch, shapes, card, splits=(2, 3, 4), anchors=()):
+        asked.append(tuple(splits))
         return {"predictions": [p for s in shapes for p in (
-            {"label": s.label, "route": "sm70-dense", "calibrated_ms": s.kv / 1000},
-            {"label": s.label, "route": "sm70-gqa-prefill", "calibrated_ms": s.kv / 2000})]}
+            {"label": s.label, "route": "sm70-dense", "plan": {"splits": 1}, "calibrated_ms": s.kv / 1000},
+            {"label": s.label, "route": "sm70-gqa-prefill", "plan": {"splits": 1}, "calibrated_ms": s.kv / 2000},
+            *({"label": s.label, "route": "sm70-dense-splitkv", "plan": {"splits": n},
+               "calibrated_ms": s.kv / (1000 + 100 * n)} for n in splits if n != 3))]}
 
     monkeypatch.setattr(report, "report", fake)
     plan = tune.Plan(RankHeads(6, 1, 256), chunk=2048, max_model_len=4096, warmup=2, reps=7, splits=(2, 3))
     assert plan.points == [(2048, 2048), (2048, 4096), (1024, 1024), (1024, 3072)]
     est = tune.estimate(plan, "x.so", Card(80, 1530))
-    # per point: exact + 2 splits at kv/1000 ms, gqa at kv/2000 ms, each 2 + 7 + 1 = 10 calls
-    expected = sum(10 * (3 * kv / 1000 + kv / 2000) for _, kv in plan.points) / 1000
+    assert asked == [(2, 3)]
+    # per point, each 2 + 7 + 1 = 10 calls: exact kv/1000 ms, split x2 kv/1200 ms, split x3 (no
+    # estimate) the exact route's kv/1000 ms, long-prefill kv/2000 ms.
+    expected = sum(10 * (kv / 1000 + kv / 1200 + kv / 1000 + kv / 2000) for _, kv in plan.points) / 1000
     assert est["seconds"] == pytest.approx(expected) and "ESTIMATE" in est["note"]
     assert est["per_route_seconds"]["sm70-dense-splitkv"] == pytest.approx(
-        sum(10 * 2 * kv / 1000 for _, kv in plan.points) / 1000)
+        sum(10 * (kv / 1200 + kv / 1000) for _, kv in plan.points) / 1000)
+    assert est["per_route_seconds"]["sm70-gqa-prefill"] == pytest.approx(sum(10 * kv / 2000 for _, kv in plan.points) / 1000)
+    assert "sm70-dense-splitkv charged at the exact route's time where report has no estimate" in est["note"]
 
 
 def test_no_estimate_without_an_sm70_build():

@@ -40,37 +40,50 @@ class Shape:
     causal: bool
     scale: float
     b: int = 1      # sequences of this shape in the batch
+    decode: int = 0     # decode rows in the same call (one query each, after vLLM's chunked prefill)
+    decode_kv: int = 0  # keys each decode row attends to (0: kv)
+
+    @property
+    def dkv(self) -> int:
+        return self.decode_kv or self.kv
 
     @property
     def label(self) -> str:
+        decode = f" +{self.decode} decode KV={self.dkv}" if self.decode else ""
         return (f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
-                f"D={self.d}{' causal' if self.causal else ''}")
+                f"D={self.d}{' causal' if self.causal else ''}{decode}")
 
 
 def parse_shapes(text: str) -> list[Shape]:
     """``key=value`` pairs joined by commas, ';' between groups; a value ``a:b:step`` sweeps
     a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5), b (batch:
-    sequences of that shape, default 1)."""
+    sequences of that shape, default 1), decode (decode rows in the same varlen call, one query
+    each: vLLM's chunked prefill batches a prefill chunk with running requests' decodes; default
+    0) and dkv (the keys each decode row attends to, default kv)."""
+    keys = ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b", "decode", "dkv")
     shapes = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
         fields = {}
         for item in group.split(","):
             key, sep, value = item.strip().partition("=")
-            if not sep or key not in ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b"):
-                raise EnvironmentProblem(f"--shapes: expected key=value with key in q, kv, hq, hkv, d, "
-                                         f"causal, scale, b; got {item!r}")
+            if not sep or key not in keys:
+                raise EnvironmentProblem(f"--shapes: expected key=value with key in {', '.join(keys)}; got {item!r}")
             fields[key] = value
         missing = {"q", "kv", "hq", "hkv", "d"} - set(fields)
         if missing:
             raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
         sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
         scale = float(fields["scale"]) if "scale" in fields else None
-        for b, q, kv, hq, hkv, d in itertools.product(sweeps.get("b", [1]), sweeps["q"], sweeps["kv"], sweeps["hq"],
-                                                      sweeps["hkv"], sweeps["d"]):
+        for b, q, kv, hq, hkv, d, decode, dkv in itertools.product(
+                sweeps.get("b", [1]), sweeps["q"], sweeps["kv"], sweeps["hq"], sweeps["hkv"], sweeps["d"],
+                sweeps.get("decode", [0]), sweeps.get("dkv", [0])):
             if hq % hkv:
                 raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
+            if decode and q < 2:
+                raise EnvironmentProblem(f"--shapes: decode={decode} rows ride with a prefill chunk: q must be >= 2, "
+                                         f"got q={q}")
             shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
-                                scale if scale is not None else d ** -0.5, b))
+                                scale if scale is not None else d ** -0.5, b, decode, dkv if decode else 0))
     if not shapes:
         raise EnvironmentProblem("--shapes: no shape given")
     return shapes
@@ -94,8 +107,10 @@ def attended_pairs(q: int, kv: int, causal: bool) -> int:
 
 
 def useful_flops(shape: Shape) -> float:
-    """2 FLOPs per multiply-add, two GEMMs (Q K^T and P V), attended pairs only."""
-    return 4.0 * shape.b * shape.hq * shape.d * attended_pairs(shape.q, shape.kv, shape.causal)
+    """2 FLOPs per multiply-add, two GEMMs (Q K^T and P V), attended pairs only (a decode row
+    attends to all its keys)."""
+    pairs = shape.b * attended_pairs(shape.q, shape.kv, shape.causal) + shape.decode * shape.dkv
+    return 4.0 * shape.hq * shape.d * pairs
 
 
 def judge(numbers: dict) -> dict:
@@ -125,8 +140,9 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
                                  f"{', '.join(known) or 'none'}")
-    if any(s.b != 1 for s in shapes):
-        raise EnvironmentProblem("--shapes: b (batch) is for `report` only; bench times one sequence per shape")
+    if any(s.b != 1 or s.decode for s in shapes):
+        raise EnvironmentProblem("--shapes: b (batch) and decode are for `report` only; bench times one sequence "
+                                 "per shape")
     idle, max_clock, driver = (_smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):

@@ -19,8 +19,8 @@ do not overlap.
 
 import math
 
-from .v100model import (Calibration, Card, KernelLaunch, estimate_route, fa2_grid_iterations, gemm_launch, load_data,
-                        load_v100, mix_from_data, peak_tflops)
+from .v100model import (Calibration, Card, KernelLaunch, fa2_grid_iterations, gemm_launch, load_data, load_v100,
+                        mix_from_data, peak_tflops, route_timer)
 
 
 def anchor_card(anchor: dict) -> Card:
@@ -74,15 +74,26 @@ def measured(anchor: dict) -> tuple[float, str]:
     return anchor["measured_ms"] - anchor.get("excluded_ms", 0.0), "ms"
 
 
-def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
-    """The anchor's value as the model with ``cal`` estimates it. A rate anchor (a well-tiled GEMM,
-    tensor-bound, several warps per scheduler) keeps the tensor pipe busy 1 / cycle_factor of the
-    time, at the clock that duty allows."""
+def anchor_timer(anchor: dict, kernels: dict, v100: dict):
+    """The anchor's value (ms, or TFLOP/s for a rate anchor) as a function of a Calibration. A rate
+    anchor (a well-tiled GEMM, tensor-bound, several warps per scheduler) keeps the tensor pipe busy
+    1 / cycle_factor of the time, at the clock that duty allows. A user's anchor (kind "route",
+    user_anchors.py) carries its launches, its card and the clock measured during its calls."""
     card = anchor_card(anchor)
-    if anchor["workload"]["kind"] == "tensor-peak":
-        duty = 1.0 / cal.cycle_factor
-        return peak_tflops(card, card.clock_at(duty, v100), v100) * duty
-    return estimate_route(anchor_launches(anchor, kernels), card, v100, cal)["ms"]
+    work = anchor["workload"]
+    if work["kind"] == "tensor-peak":
+        def rate(cal: Calibration) -> float:
+            duty = 1.0 / cal.cycle_factor
+            return peak_tflops(card, card.clock_at(duty, v100), v100) * duty
+        return rate
+    if work["kind"] == "route":
+        return route_timer(work["launches"], card, v100, work["clock_mhz"])
+    return route_timer(anchor_launches(anchor, kernels), card, v100)
+
+
+def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
+    """The anchor's value as the model with ``cal`` estimates it (``anchor_timer``)."""
+    return anchor_timer(anchor, kernels, v100)(cal)
 
 
 def log_error(anchor: dict, value: float) -> float:
@@ -91,17 +102,24 @@ def log_error(anchor: dict, value: float) -> float:
     return math.log(value / real) if unit == "TFLOP/s" else math.log(real / value)
 
 
-def fit(anchors: list[dict], kernels: dict, v100: dict) -> Calibration:
+START = (0.0, 1.0)      # log cycle_factor, cta_cycles / 10^4
+
+
+def fit(anchors: list[dict], kernels: dict, v100: dict, timers: list | None = None,
+        start: tuple[float, float] = START) -> Calibration:
     """Least squares of log(measured / estimate) over ``anchors`` (Nelder-Mead on log
-    cycle_factor and cta_cycles / 10^4, cta_cycles >= 0)."""
+    cycle_factor and cta_cycles / 10^4, cta_cycles >= 0, from ``start``). ``timers``: the
+    anchors' ``anchor_timer``s, where already made."""
+    timers = timers or [anchor_timer(a, kernels, v100) for a in anchors]
+
     def cal_of(x):
         return Calibration(math.exp(x[0]), max(0.0, x[1]) * 1e4)
 
     def cost(x):
         cal = cal_of(x)
-        return sum(log_error(a, estimate(a, kernels, v100, cal)) ** 2 for a in anchors) + max(0.0, -x[1]) ** 2
+        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers)) + max(0.0, -x[1]) ** 2
 
-    return cal_of(nelder_mead(cost, [0.0, 1.0], [0.2, 2.0]))
+    return cal_of(nelder_mead(cost, list(start), [0.2, 2.0]))
 
 
 def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterations: int = 400) -> list[float]:
@@ -137,32 +155,39 @@ def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterat
 _CACHE: dict = {}
 
 
-def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
+def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dict] = ()) -> dict:
     """The fitted parameters, each anchor (source, measured, model, calibrated, residual,
     leave-one-out residual) and the range rule. Refitted on every run (cached for the default
-    data within one process)."""
-    key = None if v100 is None and data is None else id(data)
+    data within one process). ``user``: anchors from users' bench files (user_anchors.py), fitted
+    together with the published ones, each fit starting from the published anchors' parameters;
+    ``within_targets`` judges the published anchors (issue 15's targets), the range all of them."""
+    key = None if v100 is None and data is None and not user else id(data)
     if key is None and None in _CACHE:
         return _CACHE[None]
     v100 = v100 or load_v100()
     data = data or load_data("anchors.toml")
     kernels = {k["name"]: k for k in data["kernel"]}
-    anchors = data["anchor"]
-    cal = fit(anchors, kernels, v100)
+    anchors = list(data["anchor"]) + list(user)
+    timers = [anchor_timer(a, kernels, v100) for a in anchors]
+    start = START
+    if user:    # the published anchors' fit: a start near the answer (fewer steps for every fit)
+        published = fit(anchors[:len(data["anchor"])], kernels, v100, timers[:len(data["anchor"])])
+        start = (math.log(published.cycle_factor), published.cta_cycles / 1e4)
+    cal = fit(anchors, kernels, v100, timers, start)
     rows = []
     for i, a in enumerate(anchors):
         real, unit = measured(a)
-        loo = fit(anchors[:i] + anchors[i + 1:], kernels, v100)
-        rows.append({"name": a["name"], "source": a["source"], "unit": unit, "measured": real,
-                     "card": a["card"], "model": estimate(a, kernels, v100, Calibration()),
-                     "calibrated": estimate(a, kernels, v100, cal),
-                     "residual": math.expm1(log_error(a, estimate(a, kernels, v100, cal))),
-                     "loo_residual": math.expm1(log_error(a, estimate(a, kernels, v100, loo))),
+        timer = timers[i]
+        loo = fit(anchors[:i] + anchors[i + 1:], kernels, v100, timers[:i] + timers[i + 1:], start)
+        rows.append({"name": a["name"], "kind": a.get("kind", "published"), "source": a["source"], "unit": unit,
+                     "measured": real, "card": a["card"], "model": timer(Calibration()), "calibrated": timer(cal),
+                     "residual": math.expm1(log_error(a, timer(cal))),
+                     "loo_residual": math.expm1(log_error(a, timer(loo))),
                      "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
-                     "outlier": a.get("outlier")})
+                     "outlier": a.get("outlier"), **{k: a[k] for k in USER_FIELDS if k in a}})
     loo = [r["loo_residual"] for r in rows]
     targets = data.get("targets", {"residual": 0.10, "loo": 0.15})
-    held = [r for r in rows if not r["outlier"]]
+    held = [r for r in rows if not r["outlier"] and r["kind"] == "published"]
     out = {"parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
            "anchors": rows, "targets": targets,
            "residual_range": [min(r["residual"] for r in rows), max(r["residual"] for r in rows)],
@@ -173,6 +198,9 @@ def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
     if key is None:
         _CACHE[None] = out
     return out
+
+
+USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "throttled")
 
 
 def with_range(ms: float, calibration: dict) -> dict:

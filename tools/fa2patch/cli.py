@@ -319,16 +319,23 @@ def smoke(ctx, archs, as_json):
 @click.option("--clock", "clock_mhz", type=click.FloatRange(min=100, max=2000), default=1530.0, show_default=True,
               help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
                    "of it and the sustained clock under tensor load")
+@click.option("--splits", default="2,3,4", show_default=True,
+              help="with --shapes, also the exact route with split-KV (sm70-dense-splitkv) at each of these split "
+                   "counts on prefill shapes (q >= 2); empty: none")
+@click.option("--anchors", "anchor_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="a bench JSON file from a V100 (`fa2patch bench --json-file`): its cases join the calibration "
+                   "as anchors at their measured clocks; repeat for more files")
 @click.option("--peer", type=click.Choice(["vllm-triton"]), default=None,
               help="with --shapes, also the model's time of what a V100 runs without fa2patch: vLLM 0.33's "
                    "TRITON_ATTN kernels, from their recorded sm_70 SASS (no tensor cores; "
                    "docs/peer-vllm-triton.md)")
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, shapes, sms, clock_mhz, peer, as_json):
+def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, peer, as_json):
     """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
-    with --shapes, per shape a bound, the model's time and a calibrated estimate (model x one
-    factor fitted to published V100 measurements, listed with their residuals)."""
+    with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
+    its range (two parameters fitted to published V100 measurements and --anchors, listed with
+    their residuals)."""
     from .bench import parse_shapes
     from .report import render
     from .report import report as do_report
@@ -346,7 +353,13 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, peer, as_json):
     manifest, artifact = load_manifest(ctx.project.build_dir(arch))
     if peer and not shape_list:
         raise click.BadParameter("needs --shapes", param_hint="--peer")
-    result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz))
+    try:
+        split_list = tuple(sorted({int(x) for x in splits.split(",") if x.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"expected integers like 2,3,4, got {splits!r}", param_hint="--splits") from None
+    if any(not 2 <= x <= 16 for x in split_list):
+        raise click.BadParameter(f"each split count must be 2..16, got {splits!r}", param_hint="--splits")
+    result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz), split_list, list(anchor_files))
     if peer:
         from . import peer as peer_model
 

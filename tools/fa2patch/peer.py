@@ -37,6 +37,7 @@ from pathlib import Path
 
 from . import peer_compile, report, sass, toolchain
 from .bench import Shape
+from .errors import EnvironmentProblem
 from .v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_data, load_v100, lower_bound
 
 NAME = "vllm-triton"
@@ -173,6 +174,9 @@ def peer_estimate(shape: Shape, card: Card, data: dict | None = None, v100: dict
     ``v100model.estimate_launch`` over its launches; with the pipes-only bound, the FP32-pipe bound
     (the main loop's FP32 instructions alone: what no bank-conflict or spill assumption changes)
     and the spills-on-L1 sensitivity."""
+    if shape.decode:
+        raise EnvironmentProblem(f"--peer: {shape.label}: the peer's model has no decode rows (decode=); "
+                                 f"give it the prefill shape alone")
     data = data or load_data(DATA)
     v100 = v100 or load_v100()
     launches, p = peer_launches(shape, card, data, v100)

@@ -42,10 +42,11 @@ from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of
 from .calibration import faster_if_separated, header_text, range_text, with_range
+from .exact_route import (COMBINE_KERNEL, ROUTE, SPLIT_ROUTE, cheapest_hot_loop, combine_row,  # noqa: F401
+                          dense_launches, dense_plan, fa2_num_splits, splitkv_launches)
 from .v100model import (Calibration, Card, CtaKind, KernelLaunch, LoopMix, access_passes, binding, calibrate,
-                        estimate_route, fa2_grid_iterations, load_v100, lower_bound, peak_tflops)
+                        estimate_route, load_v100, lower_bound, peak_tflops)
 
-ROUTE = "sm70-dense"
 GQA_ROUTE = "sm70-gqa-prefill"
 GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
 GQA_BLOCK_PLAN = ("min_block_keys", "max_block_keys", "score_budget_bytes")
@@ -314,87 +315,20 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         elif geo and hot:              # one kind of CTA: everything outside its hot loops runs once
             inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
             outside = outside_row([i for i in f.instrs if i.addr not in inside], cta_w, v100)
+        combine = None
+        if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):   # split-KV's combine
+            combine = combine_row(f, threads, occ["blocks_per_sm"], w, cta_w, v100, loop_row, outside_row)
         out.append({
             "kernel": name, "registers": r.registers if r else None, "stack": r.stack if r else None,
             "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
             "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma, "geometry": geo,
-            "hot_loops": hot, "outside": outside,
+            "hot_loops": hot, "outside": outside, **({"combine": combine} if combine else {}),
         })
     if unlaunched:
         raise EnvironmentProblem(f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
                                  f"tensor-core kernel(s) {', '.join(unlaunched)}: build_info() does not declare "
                                  f"them and no --launch matches")
     return out
-
-
-# --- The sm70-dense route ---------------------------------------------------------------------
-
-def fa2_num_splits(batch_heads_mblocks: int, sms: int, n_blocks: int, max_splits: int = 128) -> int:
-    """FA2's split-KV heuristic (flash_api.cpp num_splits_heuristic, called by set_params_splitkv
-    with twice the SM count): the fewest splits whose wave efficiency is >= 85% of the best."""
-    if batch_heads_mblocks >= 0.8 * sms:
-        return 1
-    max_splits = min(max_splits, sms, n_blocks)
-    eligible = [s for s in range(1, max_splits + 1) if s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))]
-    eff = {s: batch_heads_mblocks * s / sms / math.ceil(batch_heads_mblocks * s / sms) for s in eligible}
-    best = max(eff.values(), default=0.0)
-    return next((s for s in eligible if eff[s] >= 0.85 * best), 1)
-
-
-def dense_plan(shape: Shape, geometry: dict, card: Card) -> dict:
-    """How FA2's varlen host code runs ``shape`` on the sm70-dense kernel, num_splits = 0
-    (automatic): decode with grouped heads (q=1, hq > hkv) swaps the heads of a group into the
-    query rows (seqlen_q = hq/hkv, h = hkv) and is the only case that splits KV; q=1 drops the
-    causal mask. FA2 sizes the split from its own SM80 split kernel's blocks (64 rows, block_n
-    by head dim), not from this route's geometry."""
-    swapped = shape.q == 1 and shape.hq > shape.hkv
-    rows, heads = (shape.hq // shape.hkv, shape.hkv) if swapped else (shape.q, shape.hq)
-    causal = shape.causal and shape.q > 1
-    splits = 1
-    if swapped:
-        fa2_block_n = 256 if shape.d <= 64 else 128 if shape.d <= 128 else 64   # set_params_splitkv
-        splits = fa2_num_splits(shape.b * heads * -(-rows // 64), 2 * card.sms, -(-shape.kv // fa2_block_n))
-    return {"rows": rows, "heads": heads, "causal": causal, "splits": splits, "swapped": swapped}
-
-
-def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelLaunch], dict]:
-    """The sm70-dense route's launches for ``shape``: the forward kernel (grid: query blocks,
-    batch, heads x splits) and, when split, the combine kernel (its HBM traffic only)."""
-    g = kernel["geometry"]
-    plan = dense_plan(shape, g, card)
-    rows_cta, keys = g["rows_per_cta"], g["keys_per_iteration"]
-    if plan["splits"] == 1:
-        its = fa2_grid_iterations(plan["rows"], shape.kv, plan["causal"], rows_cta, keys, plan["heads"], shape.b)
-    else:   # non-causal: each split takes ceil(blocks / splits) blocks; blockIdx.z = split * h + head
-        blocks = -(-shape.kv // keys)
-        per = -(-blocks // plan["splits"])
-        its = [max(0, min(blocks, (s + 1) * per) - s * per)
-               for s in range(plan["splits"]) for _ in range(plan["heads"] * shape.b * -(-plan["rows"] // rows_cta))]
-    d = shape.d
-    q_bytes = shape.b * shape.q * shape.hq * d * 2
-    partials = plan["splits"] * shape.b * plan["heads"] * plan["rows"] * (d * 4 + 4) if plan["splits"] > 1 else 0
-    hbm = 2 * q_bytes + shape.b * shape.q * shape.hq * 4 + 2 * shape.b * shape.kv * shape.hkv * d * 2 + partials
-    loop = cheapest_hot_loop(kernel)
-    outside = kernel.get("outside")
-    launches = [KernelLaunch(kernel["kernel"], LoopMix(**loop["model_mix"]), tuple(its), g["warps"],
-                             kernel["occupancy"]["blocks_per_sm"],
-                             LoopMix(**outside["model_mix"]) if outside else LoopMix(), 0 if outside else 1,
-                             hbm_bytes=hbm, fused=True)]
-    if plan["splits"] > 1:
-        launches.append(KernelLaunch("splitkv_combine_sm70_kernel", LoopMix(), (), 4, 1,
-                                     prologue_load_rounds=0, hbm_bytes=partials + q_bytes))
-    return launches, plan
-
-
-def cheapest_hot_loop(kernel: dict) -> dict:
-    """The hot loop that every iteration is charged at: among the loops with the most HMMA the
-    cheapest at the kernel's occupancy (the kernel runs each block through an unmasked or a
-    masked body, with or without softcap/ALiBi code; the unmasked plain body is the common one)."""
-    if not kernel["hot_loops"]:
-        raise EnvironmentProblem(f"kernel {kernel['kernel']} has no hot loop (no loop with HMMA)")
-    most = max(lp["mix"].get("hmma", 0) for lp in kernel["hot_loops"])
-    return min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
-               key=lambda lp: max(*lp["cycles"].values(), lp.get("critical_cycles", 0)))
 
 
 # --- The sm70-gqa-prefill route -----------------------------------------------------------------
@@ -510,7 +444,7 @@ def gqa_launches(shape: Shape, kernel: dict) -> tuple[list[KernelLaunch], dict]:
 
 def gqa_eligible(shape: Shape, geometry: dict) -> bool:
     """Shapes the long-prefill op takes: one causal sequence, its head dim, whole groups, KV >= Q."""
-    return (shape.causal and shape.b == 1 and shape.d == geometry["head_dim"] and shape.hkv > 0
+    return (shape.causal and shape.b == 1 and not shape.decode and shape.d == geometry["head_dim"] and shape.hkv > 0
             and shape.hq % shape.hkv == 0 and shape.kv >= shape.q > 0)
 
 
@@ -527,8 +461,8 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
             "tensor_duty": cal["tensor_duty"], "clock_mhz": cal["clock_mhz"], **with_range(cal["ms"], calibration)}
 
 
-def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path) -> dict:
-    """The sm70-dense route on ``card`` for ``shape``. ``kernels``: report rows (with geometry)."""
+def dense_kernel(shape: Shape, kernels: list[dict], artifact: Path) -> dict:
+    """The sm70-dense kernel for the shape's head dim (the smallest head_dim >= d)."""
     route = [k for k in kernels if (k.get("geometry") or {}).get("route") == ROUTE]
     kernel = next((k for k in sorted(route, key=lambda k: k["geometry"]["head_dim"])
                    if k["geometry"]["head_dim"] >= shape.d), None)
@@ -536,8 +470,27 @@ def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibrati
         dims = [k["geometry"]["head_dim"] for k in route]
         raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {ROUTE} for head dims "
                                  f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})")
+    return kernel
+
+
+def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path) -> dict:
+    """The sm70-dense route on ``card`` for ``shape``. ``kernels``: report rows (with geometry)."""
+    kernel = dense_kernel(shape, kernels, artifact)
     launches, plan = dense_launches(shape, kernel, card)
     return prediction(shape, ROUTE, kernel, plan, launches, card, v100, calibration)
+
+
+def predict_split(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path,
+                  splits: int) -> dict | None:
+    """The exact route with ``splits``-way split-KV (exact_route.splitkv_launches), or None where
+    routing cannot split the call (fewer than two query rows: decode keeps FA2's own split) or the
+    build has no combine kernel."""
+    combine = next((k["combine"] for k in kernels if "combine" in k), None)
+    if shape.q < 2 or shape.kv < 1 or combine is None:
+        return None
+    kernel = dense_kernel(shape, kernels, artifact)
+    launches, plan = splitkv_launches(shape, kernel, combine, splits)
+    return prediction(shape, SPLIT_ROUTE, kernel, plan, launches, card, v100, calibration)
 
 
 def predict_gqa(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
@@ -564,38 +517,72 @@ def prediction(shape: Shape, route: str, kernel: dict, plan: dict, launches: lis
             "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"])}
 
 
-def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path
-                   ) -> list[dict]:
-    """The sm70-dense prediction and, where the long-prefill op takes the shape, its own with the
+VERDICT = {"a": "faster", "b": "slower", "not separated": "not separated"}
+
+
+def versus(p: dict, other: dict, key: str) -> dict:
+    """``key``: other's calibrated time over p's (> 1: p is faster); ``key``_verdict: "faster" or
+    "slower" where their ranges separate, else "not separated"."""
+    return {key: other["calibrated_ms"] / p["calibrated_ms"], f"{key}_verdict": VERDICT[faster_if_separated(p, other)]}
+
+
+def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path,
+                   splits: tuple = ()) -> list[dict]:
+    """The sm70-dense prediction; where the long-prefill op takes the shape, its own with the
     ratio of the dense route's calibrated time to it (``vs_dense``) and whether their ranges
-    separate (``vs_dense_verdict``: "faster", "slower" or "not separated")."""
+    separate (``vs_dense_verdict``: "faster", "slower" or "not separated"); and for each of
+    ``splits`` the exact route with split-KV, with ``vs_dense`` (against the unsplit exact route)
+    and, where the long-prefill op takes the shape, ``vs_gqa``."""
     dense = predict(shape, rows, card, v100, calibration, artifact)
     gqa = predict_gqa(shape, rows, card, v100, calibration)
-    if gqa is None:
-        return [dense]
-    verdict = {"a": "faster", "b": "slower", "not separated": "not separated"}[faster_if_separated(gqa, dense)]
-    return [dense, {**gqa, "vs_dense": dense["calibrated_ms"] / gqa["calibrated_ms"], "vs_dense_verdict": verdict}]
+    out = [dense] + ([{**gqa, **versus(gqa, dense, "vs_dense")}] if gqa else [])
+    for n in splits:
+        split = predict_split(shape, rows, card, v100, calibration, artifact, n)
+        if split is not None:
+            out.append({**split, **versus(split, dense, "vs_dense"), **(versus(split, gqa, "vs_gqa") if gqa else {})})
+    return out
 
 
-def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card) -> dict:
-    """The whole report: kernel rows and, for ``shapes``, predictions with their calibration.
-    ``launch`` (--launch) replaces build_info()'s launch configurations; build_info() must load
-    unless it does, and must declare the route's geometry when ``shapes`` are given."""
+def route_launches(shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path) -> list[KernelLaunch]:
+    """The launches of ``route`` (sm70-dense or sm70-gqa-prefill) for a shape on a card: what a
+    user's bench case measured (user_anchors.py)."""
+    if route == ROUTE:
+        return dense_launches(shape, dense_kernel(shape, rows, artifact), card)[0]
+    kernel = next((k for k in rows if (k.get("geometry") or {}).get("route") == GQA_ROUTE), None)
+    if route == GQA_ROUTE and kernel is not None and gqa_eligible(shape, kernel["geometry"]):
+        return gqa_launches(shape, kernel)[0]
+    raise EnvironmentProblem(f"{artifact}: no model of route {route!r} for {shape.label}")
+
+
+def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card,
+           splits: tuple = (2, 3, 4), anchors: list[Path] = ()) -> dict:
+    """The whole report: kernel rows and, for ``shapes``, predictions with their calibration
+    (the exact route with split-KV for each of ``splits`` on prefill shapes). ``anchors``: users'
+    bench files whose cases join the calibration (user_anchors.py; ``anchor_fit`` says how the fit
+    moved). ``launch`` (--launch) replaces build_info()'s launch configurations; build_info() must
+    load unless it does, and must declare the route's geometry when ``shapes`` are given."""
+    from . import user_anchors
+
     info = load_build_info(artifact)
-    if "error" in info and (shapes or not launch):
+    if "error" in info and (shapes or anchors or not launch):
         raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {info['error']}")
     declared = {k.get("route") for k in info.get("kernels", [])}
-    geometry = route_geometry(info, artifact) if shapes or ROUTE in declared else None
+    geometry = route_geometry(info, artifact) if shapes or anchors or ROUTE in declared else None
     if geometry is not None and GQA_ROUTE in declared:
         geometry += route_geometry(info, artifact, GQA_ROUTE)
     launch = launch or launches_of(info)
     rows = kernel_rows(artifact, arch, launch, geometry)
     out = {"arch": arch, "kernels": rows}
-    if shapes:
+    if shapes or anchors:
         v100 = load_v100()
         calibration = calibrate(v100)
+        if anchors:
+            user, skipped = user_anchors.load(anchors, lambda s, r, c: route_launches(s, rows, r, c, artifact))
+            before, calibration = calibration, calibrate(v100, None, user) if user else calibration
+            out["anchor_fit"] = user_anchors.movement(before, calibration, anchors, skipped)
         out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz}, calibration=calibration,
-                   predictions=[p for s in shapes for p in predict_routes(s, rows, card, v100, calibration, artifact)])
+                   predictions=[p for s in shapes for p in predict_routes(s, rows, card, v100, calibration, artifact,
+                                                                          tuple(splits))])
     return out
 
 
@@ -624,34 +611,34 @@ def render(result: dict) -> str:
                  "scheduler); CTA iteration cycles: one CTA's iteration with its warps in phase, timed from the SASS "
                  "(serial phases, dependency chains, loads waited for); serial run: the longest HMMA-free run of "
                  "instructions in the loop.")
-    if "predictions" not in result:
+    if "calibration" not in result:
         return "\n".join(lines)
+    from .user_anchors import render_calibration
+
     cal, card = result["calibration"], result["card"]
-    lines += ["", f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
-              f"bound: pipes only at the peak tensor rate and {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). model: "
-              f"one CTA's iteration timed from the SASS, prologue/epilogue, dispatch tail and HBM, at the clock the "
-              f"route's tensor duty allows under the 300 W cap (MHz). " + header_text(cal)]
-    lines.append(_table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
-                          _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['clock_mhz']:.0f}",
-                          range_text(p["calibrated_ms"], p["calibrated_ms_low"], p["calibrated_ms_high"]),
-                          range_text(p["calibrated_tflops"], p["calibrated_tflops_low"], p["calibrated_tflops_high"], 1),
-                          f"{p['vs_dense']:.2f}x, {p['vs_dense_verdict']}" if "vs_dense" in p else "-", _limits(p)]
-                         for p in result["predictions"]],
-                        ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "MHz", "calibrated ms (range)",
-                         "calibrated TFLOP/s (range)", "vs dense", "limited by"]))
-    lines += ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
-              "tools/fa2patch/data/anchors.toml), recomputed now:"]
-    lines.append(_table([[a["name"], f"{a['card']['sms']}, {a['card']['clock_mhz']:g}",
-                          f"{a['measured']:.4g} {a['unit']}", f"{a['model']:.4g}", f"{a['calibrated']:.4g}",
-                          f"{a['residual']:+.1%}", f"{a['loo_residual']:+.1%}", a["outlier"] or ""]
-                         for a in cal["anchors"]],
-                        ["anchor", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out",
-                         "outlier"]))
-    t = cal["targets"]
-    if not cal["within_targets"]:
-        lines.append(f"WARNING: an anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) or "
-                     f"+-{t['loo']:.0%} (leave-one-out)")
+    if result["predictions"]:
+        lines += ["", f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
+                  f"bound: pipes only at the peak tensor rate and {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). "
+                  f"model: one CTA's iteration timed from the SASS, prologue/epilogue, dispatch tail and HBM, at the "
+                  f"clock the route's tensor duty allows under the 300 W cap (MHz). " + header_text(cal)
+                  + " vs dense / vs long-prefill: that route's calibrated time over this one's (> 1: this one is "
+                  "faster), and whether their ranges separate."]
+        lines.append(_table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
+                              _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['clock_mhz']:.0f}",
+                              range_text(p["calibrated_ms"], p["calibrated_ms_low"], p["calibrated_ms_high"]),
+                              range_text(p["calibrated_tflops"], p["calibrated_tflops_low"],
+                                         p["calibrated_tflops_high"], 1),
+                              _versus(p, "vs_dense"), _versus(p, "vs_gqa"), _limits(p)]
+                             for p in result["predictions"]],
+                            ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "MHz",
+                             "calibrated ms (range)", "calibrated TFLOP/s (range)", "vs dense", "vs long-prefill",
+                             "limited by"]))
+    lines += render_calibration(result, _table)
     return "\n".join(lines)
+
+
+def _versus(p: dict, key: str) -> str:
+    return f"{p[key]:.2f}x, {p[key + '_verdict']}" if key in p else "-"
 
 
 def _limits(p: dict) -> str:

@@ -78,8 +78,10 @@ class Plan:
 
 def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 256) -> dict:
     """The run's GPU time by report's calibrated V100 model: per point and route, (warm-up + reps +
-    1 numerics call) x the route's estimated time. report has no model of a forced split of a
-    prefill call: split-KV is charged the exact route's time (the same work plus a combine)."""
+    1 numerics call) x the route's estimated time: the exact route, split-KV at each of the plan's
+    split counts (report's sm70-dense-splitkv), the long-prefill route where it takes the point. A
+    route report does not estimate for the point (a build without the split-KV combine, a
+    long-prefill call report does not take) is charged the exact route's time, and the note says so."""
     from . import report
     from .bench import Shape
 
@@ -89,25 +91,31 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     label = f"V100 with {card.sms} SMs at {card.clock_mhz:g} MHz"
     shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, h.d ** -0.5) for q, kv in plan.points]
     try:
-        predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card)["predictions"]
+        predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card, tuple(plan.splits))["predictions"]
     except Fa2PatchError as exc:
         return {"available": False, "note": f"no estimate: {exc}"}
-    by_key = {(p["label"], p["route"]): p["calibrated_ms"] for p in predictions}
+    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == profile.SPLITKV else 1):
+              p["calibrated_ms"] for p in predictions}
     calls = plan.warmup + plan.reps + 1
-    total, per_route = 0.0, {}
+    total, per_route, stand_in = 0.0, {}, set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
     for shape, (q, kv) in zip(shapes, plan.points):
-        dense = by_key[(shape.label, profile.EXACT)]
+        dense = by_key[(shape.label, profile.EXACT, 1)]
         for route, splits in plan.routes_at(q, kv, gqa):
-            ms = by_key.get((shape.label, route), dense) if route == profile.GQA else dense
             name = profile.table_route(route, splits)
+            ms = by_key.get((shape.label, name, splits))
+            if ms is None:
+                ms = dense
+                stand_in.add(name)
             per_route[name] = per_route.get(name, 0.0) + calls * ms / 1e3
             total += calls * ms / 1e3
+    charged = "; ".join(f"{name} charged at the exact route's time where report has no estimate"
+                        for name in sorted(stand_in))
     return {"available": True, "seconds": total, "per_route_seconds": per_route, "card": label,
             "calls_per_route_and_point": calls,
             "note": (f"ESTIMATE of the GPU time: {len(plan.points)} points x their routes x {calls} calls "
                      f"({plan.warmup} warm-up, {plan.reps} timed, 1 numerics check) x report's calibrated time on a "
-                     f"{label}; split-KV charged at the exact route's time; process start and input set-up not included")}
+                     f"{label}{'; ' + charged if charged else ''}; process start and input set-up not included")}
 
 
 # --- running ----------------------------------------------------------------------------------------

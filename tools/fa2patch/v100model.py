@@ -226,16 +226,55 @@ def estimate_launch(launch: KernelLaunch, card: Card, v100: dict, cal: Calibrati
             "ms": seconds * 1e3}
 
 
-def estimate_route(launches: list[KernelLaunch], card: Card, v100: dict, cal: Calibration = Calibration()) -> dict:
-    """Launches run one after another at one clock: the one the route's tensor duty (tensor-busy
-    over compute cycles, all launches together) allows; the 300 W cap acts on the power averaged
-    over a call, whose launches alternate faster than that. {launches, duty, clock_mhz, ms}."""
+def estimate_route(launches: list[KernelLaunch], card: Card, v100: dict, cal: Calibration = Calibration(),
+                   clock_mhz: float | None = None) -> dict:
+    """Launches run one after another at one clock: ``clock_mhz`` where it was measured (a user's
+    anchor), else the one the route's tensor duty (tensor-busy over compute cycles, all launches
+    together) allows; the 300 W cap acts on the power averaged over a call, whose launches
+    alternate faster than that. {launches, duty, clock_mhz, ms}."""
     own = [estimate_launch(x, card, v100, cal) for x in launches]
     cycles = sum(x["compute_cycles"] for x in own)
     duty = sum(x["tensor_cycles"] for x in own) / cycles if cycles else 0.0
-    clock = card.clock_at(duty, v100)
+    clock = clock_mhz or card.clock_at(duty, v100)
     details = [at_clock(x, clock) for x in own]
     return {"launches": details, "tensor_duty": duty, "clock_mhz": clock, "ms": sum(x["ms"] for x in details)}
+
+
+def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz: float | None = None):
+    """``estimate_route(launches, card, v100, cal, clock_mhz)["ms"]`` as a function of ``cal``,
+    with everything that does not depend on it worked out once (a fit evaluates it hundreds of
+    times). A launch without the per-CTA cost scales with the cycle factor as a whole: its
+    schedule is the same at every factor."""
+    parts = []
+    for x in launches:
+        k, w_cta = x.ctas_per_sm, math.ceil(x.warps_per_cta / SUBPARTITIONS)
+        fixed, rounds, tensor = [], [], 0.0
+        for kind in x.kinds():
+            rounds += [max(max(kind.loop.sustained_pipes(k * w_cta, v100).values()),
+                           kind.loop.iteration_cycles(w_cta, v100))] * len(kind.iterations)
+            fixed += [kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"]
+                      + kind.epilogue.once_cycles(w_cta, v100)] * len(kind.iterations)
+            tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)
+        its = [n for kind in x.kinds() for n in kind.iterations]
+        slots = card.sms * k
+        base = None if x.fused else makespan([f + n * r for f, n, r in zip(fixed, its, rounds)], slots)
+        parts.append((x.fused, fixed, its, rounds, slots, base, tensor / card.sms,
+                      x.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)))
+
+    def ms(cal: Calibration = Calibration()) -> float:
+        computes = []
+        for fused, fixed, its, rounds, slots, base, _, _ in parts:
+            if base is not None:
+                computes.append(cal.cycle_factor * base)
+            else:
+                computes.append(makespan([cal.cycle_factor * f + cal.cta_cycles + n * (cal.cycle_factor * r)
+                                          for f, n, r in zip(fixed, its, rounds)], slots))
+        cycles = sum(computes)
+        duty = sum(p[6] for p in parts) / cycles if cycles else 0.0
+        clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
+        return sum(max(c / clock, p[7]) for c, p in zip(computes, parts)) * 1e3
+
+    return ms
 
 
 def at_clock(estimate: dict, clock_mhz: float) -> dict:
@@ -331,9 +370,9 @@ def mix_from_data(d: dict) -> LoopMix:
                    critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
 
 
-def calibrate(v100: dict | None = None, data: dict | None = None) -> dict:
+def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dict] = ()) -> dict:
     """The fitted parameters, every anchor's residual and leave-one-out residual, and the range
-    rule (calibration.calibrate)."""
+    rule (calibration.calibrate; ``user``: users' anchors)."""
     from .calibration import calibrate as fit
 
-    return fit(v100, data)
+    return fit(v100, data, user)
