@@ -290,7 +290,9 @@ def test_route_stats_names_the_profile_setting_without_a_gpu(built_sm70, tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k != "FA2PATCH_ROUTING_PROFILE"}
     unset = json.loads(run_ops(artifact, {"s": ("route_stats", [])}, env)["s"]["ok"])
-    assert unset["profile"] is None and unset["split_kv"] == {"builtin_splits": 1, "testing_splits": 0}, unset
+    # The built-in split rule's constants as README "Routing" documents them; the test hook off.
+    rule = {"candidates": [2, 3, 4], "min_gain": 1.25, "cta_fixed_blocks": 32}
+    assert unset["profile"] is None and unset["split_kv"] == {"builtin_rule": rule, "testing_splits": 0}, unset
     path = str(tmp_path / "p.json")
     set_ = json.loads(run_ops(artifact, {"s": ("route_stats", [])}, {**env, "FA2PATCH_ROUTING_PROFILE": path})["s"]["ok"])
     assert set_["profile"] == {"path": path, "status": "not read yet"}, set_

@@ -5,10 +5,8 @@
 The JSON holds ``scenario``, ``spec`` (an sm70_cases spec: the inputs and the FP32 reference
 come from there) and optionally ``override`` (call arguments that replace the spec's: max_seqlen_q,
 max_seqlen_k, scale), ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d),
-``sms``: the SM count routing's wave rule uses (routing.cpp, set through _routing_sms_for_testing):
-"eligible" (default: one fewer than the exact route's CTAs for this spec, so that its last wave
-holds one CTA and the call qualifies on any GPU), "one_wave" (exactly its CTAs: one full wave, the
-exact route is faster) or "device"; ``prefill_splits`` (the router's split-KV test hook, 0: off);
+``sms``: the SM count routing's split-KV rule uses (routing_sms: "no_split", the default,
+"split", "device" or a number); ``prefill_splits`` (the router's split-KV test hook, 0: off);
 ``profile``: {"decisions": [...], "corrupt": null or a name of CORRUPTIONS} -- a routing profile
 for this device and this artifact (its sha256), written to a temporary file (corrupted as named)
 and set in FA2PATCH_ROUTING_PROFILE before any op runs; ``decide``: a list of keyword arguments
@@ -354,15 +352,13 @@ def scenario_corrupt_graph(ops, spec, inputs) -> dict:
     return result
 
 
-def wave_sms(ops, spec, mode: str) -> int:
-    """The SM count for routing's wave rule: the exact route's D=256 CTAs (rows per CTA from
-    build_info) over all query heads of the spec's longest sequence, minus one, or exactly."""
-    if mode == "device":
-        return 0
-    rows = next(k["rows_per_cta"] for k in json.loads(ops.build_info())["kernels"]
-                if k["route"] == "sm70-dense" and k["head_dim"] == 256)
-    ctas = -(-max(q for q, _ in spec["seqlens"]) // rows) * spec["hq"]
-    return {"eligible": max(1, ctas - 1), "one_wave": ctas}[mode]
+def routing_sms(mode) -> int:
+    """The SM count routing's split-KV rule uses (_routing_sms_for_testing): "no_split" (1: a grid of
+    at least as many CTAs as one SM holds runs in whole waves of that SM, and splitting only adds
+    waves, so the exact route stays unsplit), "split" (2**20: every grid fits in one wave, so a
+    causal sequence over many key blocks splits 4 ways), "device" (0: the device's own), or a
+    number."""
+    return {"no_split": 1, "split": 1 << 20, "device": 0}.get(mode, mode)
 
 
 def main(argv) -> int:
@@ -382,7 +378,7 @@ def main(argv) -> int:
     if "profile" in raw:   # before any op reads the setting (once per process)
         path, profile = write_profile(argv[1], raw["profile"], Path(folder.name))
         os.environ["FA2PATCH_ROUTING_PROFILE"] = path
-    ops._routing_sms_for_testing(wave_sms(ops, spec, raw.get("sms", "eligible")))
+    ops._routing_sms_for_testing(int(routing_sms(raw.get("sms", "no_split"))))
     ops._routing_prefill_splits_for_testing(int(raw.get("prefill_splits", 0)))
     t0 = time.perf_counter()
     if scenario in ("devices", "tp_pair") and torch.cuda.device_count() < 2:

@@ -17,13 +17,14 @@ SCRIPT = Path(__file__).with_name("routing_cases.py")
 ENV = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
 PREFILL = "sm70-gqa-prefill"
 EXACT = "sm70-dense"
-# The smallest shape in the long-prefill range (routing.h: max_seqlen_q >= 1024, max_seqlen_k >= 16384).
-# Routing's wave rule depends on the SM count: routing_cases.py sets one (sms="eligible") under which
-# the exact route would leave its last wave nearly empty, so that these shapes qualify on any GPU.
+# The smallest shape in the long-prefill range (routing.h: max_seqlen_q >= 1024, max_seqlen_k >= 16384):
+# the built-in rule takes every call the long-prefill op takes there. The split-KV rule depends on the
+# SM count: routing_cases.py sets one (sms="no_split" by default) under which it never splits these
+# grids, so that a call the long-prefill route cannot take stays on the unsplit exact route on any GPU.
 BASE = {"seqlens": [[1024, 16384]], "hq": 4, "hkv": 1, "d": 256, "causal": True, "page_size": 16}
 
 
-def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False, sms="eligible", **extra):
+def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False, sms="no_split", **extra):
     """extra: routing_cases' other keys (prefill_splits, profile, decide)."""
     raw = {"scenario": scenario, "spec": spec, "override": override or {}, "vllm_cache": vllm_cache, "sms": sms,
            **extra}
@@ -49,7 +50,6 @@ TABLE = [
     ("group-32", {"hq": 32}, {}, "exact_reasons", "group"),
     ("q-below-range", {"seqlens": [[1023, 16384]]}, {}, "exact_reasons", "short"),
     ("kv-below-range", {"seqlens": [[1024, 16383]]}, {}, "exact_reasons", "short"),
-    ("exact-route-fills-one-wave", {"sms": "one_wave"}, {}, "exact_reasons", "exact_faster"),
     ("env-rollback", {}, {ENV: "0"}, "fallbacks", "env_off"),
     ("env-explicit-on", {}, {ENV: "1"}, "routes", PREFILL),
     ("workspace-cap", {}, {"FA2PATCH_PREFILL_WORKSPACE_CAP_MIB": "1"}, "fallbacks", "workspace_cap"),
@@ -59,7 +59,7 @@ TABLE = [
 @pytest.mark.parametrize("name,change,env,group,key", TABLE, ids=[t[0] for t in TABLE])
 def test_routing_table(gpu_build, name, change, env, group, key):
     change = dict(change)
-    sms = change.pop("sms", "eligible")
+    sms = change.pop("sms", "no_split")
     r = run(gpu_build, "route", {**BASE, **change, "seed": 7}, env, sms=sms)
     route = PREFILL if (group, key) == ("routes", PREFILL) else EXACT
     assert r["routes"] == {route: 1}, r
@@ -191,41 +191,43 @@ DECIDE_BASE = {"heads_q": 4, "heads_k": 1, "head_dim": 256, "max_seqlen_q": 1024
 # (id, spec changes, sms, decisions, expected counter changes): each direction a profile can send a
 # call, shown by route_stats; every call also meets the numerics contract.
 PROFILE_TABLE = [
-    # The built-in rule would take the long-prefill route (sms="eligible"); the profile says exact.
-    ("exact", {}, "eligible", [{**AT_BASE, "route": EXACT}],
+    # The built-in rule would take the long-prefill route; the profile says exact.
+    ("exact", {}, "no_split", [{**AT_BASE, "route": EXACT}],
      {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
-    ("exact-splitkv", {}, "eligible", [{**AT_BASE, "route": EXACT, "splits": 3}],
+    ("exact-splitkv", {}, "no_split", [{**AT_BASE, "route": EXACT, "splits": 3}],
      {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
-    # The built-in rule would keep the exact route (one full wave); the profile says long-prefill.
-    ("long-prefill", {}, "one_wave", [{**AT_BASE, "route": PREFILL}],
+    # The built-in rule would keep the exact route (max_seqlen_k below the range); the profile says
+    # long-prefill.
+    ("long-prefill", {"seqlens": [[1024, 16000]]}, "no_split",
+     [{**AT_BASE, "kv": [16000, 16001], "route": PREFILL}],
      {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
     # Below the built-in rule's range ("short").
-    ("long-prefill-short-call", {"seqlens": [[512, 4096]]}, "eligible",
+    ("long-prefill-short-call", {"seqlens": [[512, 4096]]}, "no_split",
      [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 16384], "route": PREFILL}],
      {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
     # The first matching decision wins.
-    ("first-match-wins", {}, "eligible",
+    ("first-match-wins", {}, "no_split",
      [{"group": 4, "head_dim": 256, "q": [0, 1 << 20], "kv": [0, 1 << 30], "route": EXACT, "splits": 2},
       {**AT_BASE, "route": PREFILL}],
      {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
     # Half-open ranges: q = [0, 1024) does not hold 1024; no decision matches, the built-in rule applies.
-    ("no-match-half-open", {}, "eligible",
+    ("no-match-half-open", {}, "no_split",
      [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 1 << 30], "route": EXACT}],
      {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
-    ("no-match-other-group", {}, "eligible", [{**AT_BASE, "group": 8, "route": EXACT}],
+    ("no-match-other-group", {}, "no_split", [{**AT_BASE, "group": 8, "route": EXACT}],
      {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
     # A decision whose route the call cannot take: ignored, the built-in rule applies.
-    ("ineligible-long-prefill-for-a-batch", {"seqlens": [[1024, 16384], [1, 300]]}, "eligible",
+    ("ineligible-long-prefill-for-a-batch", {"seqlens": [[1024, 16384], [1, 300]]}, "no_split",
      [{**AT_BASE, "route": PREFILL}],
      {"routes": {EXACT: 1}, "exact_reasons": {"batch": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
-    ("ineligible-splits-for-decode", {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128}, "eligible",
+    ("ineligible-splits-for-decode", {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128}, "no_split",
      [{"group": 4, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": EXACT, "splits": 3}],
      {"routes": {EXACT: 1}, "exact_reasons": {"head_dim": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
     # A sliding window: tune measures full causal calls only, so every decision is ineligible for a
     # windowed call (spec: "Sliding-window calls"), a split-KV one included.
-    ("ineligible-splits-for-a-window", {"window": [512, 0]}, "eligible", [{**AT_BASE, "route": EXACT, "splits": 3}],
+    ("ineligible-splits-for-a-window", {"window": [512, 0]}, "no_split", [{**AT_BASE, "route": EXACT, "splits": 3}],
      {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
-    ("ineligible-exact-for-a-window", {"window": [512, 0]}, "eligible", [{**AT_BASE, "route": EXACT}],
+    ("ineligible-exact-for-a-window", {"window": [512, 0]}, "no_split", [{**AT_BASE, "route": EXACT}],
      {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
 ]
 
@@ -281,7 +283,7 @@ def test_profile_decisions_without_running_attention(gpu_build):
 
 
 def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):
-    """Without a profile: the built-in rule (the wave rule at the SM count the test sets) and the
+    """Without a profile: the built-in rule (at the SM count "no_split": never a split) and the
     split-KV test hook, which takes every call with max_seqlen_q >= 2 and keys."""
     asked = [DECIDE_BASE, {**DECIDE_BASE, "batch": 2}, {**DECIDE_BASE, "head_dim": 128},
              {**DECIDE_BASE, "max_seqlen_q": 1023}, {**DECIDE_BASE, "window_size_left": 100},
@@ -297,6 +299,29 @@ def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):
     r = run(gpu_build, "decide", BASE, decide=hooked, prefill_splits=4)
     got = [(d["route"], d["splits"], d["by"]) for d in r["decided"]]
     assert got == [(SPLIT, 4, "test_hook"), (SPLIT, 4, "test_hook"), (EXACT, 1, "builtin"), (EXACT, 1, "builtin")], r
+
+
+def test_builtin_split_rule(gpu_build):
+    """The built-in split-KV rule (routing.cpp builtin_prefill_splits): one causal sequence without a
+    window on the exact route. With every grid in one wave (sms="split") the gain of s splits is
+    (F + n) / (F + ceil(n / s)) for n = 512 key blocks of 32 and F = 32: 1.89, 2.68, 3.40 for
+    s = 2, 3, 4, so 4; a batch, a window, a non-causal call and a decode call are never split; and
+    with whole waves of one SM (sms="no_split") splitting only adds waves."""
+    asked = [{**DECIDE_BASE, "head_dim": 128}, {**DECIDE_BASE, "max_seqlen_q": 1023},
+             {**DECIDE_BASE, "head_dim": 128, "batch": 2}, {**DECIDE_BASE, "head_dim": 128, "window_size_left": 100},
+             {**DECIDE_BASE, "head_dim": 128, "causal": False}, {**DECIDE_BASE, "head_dim": 128, "max_seqlen_q": 1},
+             DECIDE_BASE]
+    split = run(gpu_build, "decide", BASE, sms="split", decide=asked)
+    got = [(d["route"], d["splits"], d["by"], d["reason"]) for d in split["decided"]]
+    assert got == [(SPLIT, 4, "builtin", "head_dim"), (SPLIT, 4, "builtin", "short"), (EXACT, 1, "builtin", "batch"),
+                   (EXACT, 1, "builtin", "window"), (EXACT, 1, "builtin", "not_causal"),
+                   (EXACT, 1, "builtin", "head_dim"), (PREFILL, 1, "builtin", None)], split
+    unsplit = run(gpu_build, "decide", BASE, sms="no_split", decide=asked[:2])
+    assert [(d["route"], d["splits"]) for d in unsplit["decided"]] == [(EXACT, 1), (EXACT, 1)], unsplit
+    # And a call that runs: the built-in split meets the numerics contract and is counted.
+    r = run(gpu_build, "route", {**BASE, "d": 128, "seed": 5}, sms="split")
+    assert r["routes"] == {SPLIT: 1} and r["exact_reasons"] == {"head_dim": 1}, r
+    assert r["ok"], r
 
 
 def test_profile_long_prefill_decision_during_graph_capture_is_ignored(gpu_build):
