@@ -129,6 +129,7 @@ def test_wheel_record_contents_and_tags(wheel, built):
         assert "Root-Is-Purelib: false" in zf.read(f"{info}/WHEEL").decode()
         record_json = json.loads(zf.read("fa2patch_vllm/build.json"))
         assert record_json["bundles_extension"] is True
+        assert record_json["cxx_standard"] == "c++20" == manifest["cxx_standard"]
         assert record_json["torch"]["version"] == torch_version
         assert record_json["extension_sha256"] == hashlib.sha256(
             (built / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest()
@@ -269,8 +270,10 @@ def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
 
 def test_vllm_src_tree_is_what_vllm_cmake_expects(vllm_src_package):
     tree, plugin_wheel, out = vllm_src_package
-    assert out["source_matches_lock"] is True
+    assert out["source_matches_lock"] is True and out["cxx_standard"] == "c++20"
     assert (tree / "CMakeLists.txt").is_file() and (tree / "fa2patch-build.toml").is_file()
+    cmake = (tree / "CMakeLists.txt").read_text()
+    assert "CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON" in cmake and "CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON" in cmake
     assert sorted(p.relative_to(tree).as_posix() for p in (tree / "vllm_flash_attn").rglob("*.py")) == \
         ["vllm_flash_attn/layers/rotary.py", "vllm_flash_attn/ops/triton/rotary.py"]
     assert "from vllm.vllm_flash_attn.ops.triton.rotary import" in \
@@ -371,8 +374,10 @@ def fake_python(tmp_path, version, cuda, archs) -> Path:
 
 
 @pytest.mark.parametrize("version, cuda, archs, expected", [
-    ("2.12.0+cu128", "12.8", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
-     ["torch 2.12.0+cu128", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"]),
+    ("2.14.0+cu130", "13.0", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+     ["torch 2.14.0+cu130", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+      # the hint names what works for vLLM 0.33, and the check-only mode
+      "vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it", "--allow-torch-without-sm70"]),
     ("2.9.1+cpu", None, "", ["torch 2.9.1+cpu", "is a CPU build"]),
     ("2.11.0+cu130", "13.0", "sm_70 sm_80 sm_90", ["CUDA major version mismatch", "actual:   13.0"]),
 ])
@@ -383,6 +388,58 @@ def test_build_refuses_a_torch_that_cannot_serve_sm70(real_project, real_workspa
     proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), check_rc=2)
     assert all(e in proc.stderr for e in expected), proc.stderr
     assert str(python) in proc.stderr or "CUDA major" in proc.stderr
+
+
+def test_a_cpu_torch_is_refused_even_for_a_check_only_build(real_project, real_workspace, tmp_path):
+    """No libtorch_cuda to link: nothing to check."""
+    require_toolchain()
+    python = fake_python(tmp_path, "2.14.0+cpu", None, "")
+    proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), "--allow-torch-without-sm70",
+                            check_rc=2)
+    assert "torch 2.14.0+cpu" in proc.stderr and "is a CPU build" in proc.stderr
+
+
+def torch_without_sm70(tmp_path) -> Path:
+    """This environment's torch (headers, libraries, CUDA 12.8), made to report the arch list of a
+    torch without sm_70 (as the package index's 2.14.0 does): a wrapper whose sitecustomize
+    replaces the one fact."""
+    site = tmp_path / "no-sm70"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\ntorch._C._cuda_getArchFlags = lambda: 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'\n")
+    wrapper = tmp_path / "python-no-sm70"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_check_only_build_is_built_verified_and_refused_by_package(built, real_project, tmp_path):
+    """--allow-torch-without-sm70: the same build (same bytes) against a torch that cannot run it,
+    recorded as check-only; verify loads it with that torch and says so; package refuses it with
+    the manifest, the expected and the actual build."""
+    real_project.run("build", "--arch", "sm_70")  # a refused build removes the manifest before it
+    normal = json.loads((built / "manifest.json").read_text())
+    python = torch_without_sm70(tmp_path)
+    try:
+        out = json.loads(real_project.run("build", "--arch", "sm_70", "--python", str(python),
+                                          "--allow-torch-without-sm70", "--json").stdout)
+        manifest = out["manifest"]
+        assert manifest["check_only"] == {
+            "why": [f"torch {normal['torch']['version']} carries no sm_70 code (arch list: sm_75 sm_80 sm_86 "
+                    "sm_90 sm_100 sm_120)"],
+            "preload": []}  # same CUDA major: torch's own libcudart serves it
+        assert manifest["artifact"]["sha256"] == normal["artifact"]["sha256"]
+        rows = {r["name"]: r for r in json.loads(real_project.run("verify", "--arch", "sm_70", "--json").stdout)["rows"]}
+        assert all(r["ok"] for r in rows.values())
+        assert f"({python}); check-only build, not for packaging: torch" in rows["torch"]["detail"]
+        assert rows["import"]["ok"] and rows["varlen_fwd"]["ok"]
+        proc = real_project.run("package", "--arch", "sm_70", "--out", str(tmp_path / "dist"), check_rc=1)
+        assert f"{built / 'manifest.json'}: a check-only build is not packaged" in proc.stderr
+        assert "expected: a build against a torch that runs sm_70" in proc.stderr
+        assert f"actual:   a build against torch {normal['torch']['version']} ({python}): " in proc.stderr
+        assert not (tmp_path / "dist").exists()
+    finally:
+        real_project.run("build", "--arch", "sm_70")
 
 
 def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(built, wheel_python,
@@ -396,7 +453,7 @@ def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(b
         assert manifest["torch"]["arch_list"][0] == "sm_70"
         code = ("import json,sys; from pathlib import Path; from fa2patch import verify; "
                 "calls=[]; real=verify.probe_extension; "
-                "verify.probe_extension=lambda a,s,p: calls.append(p) or real(a,s,p); "
+                "verify.probe_extension=lambda a,s,p,*r: calls.append(p) or real(a,s,p,*r); "
                 "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "
                 "print(json.dumps({'calls':calls,'ok':all(r.ok for r in rows)}))")
         out = subprocess.run([sys.executable, "-c", code, str(built), str(real_project.root / "schemas" /
