@@ -50,19 +50,6 @@ def built(real_project, real_workspace):
     return real_project.root / "build" / "sm_70"
 
 
-@pytest.fixture(scope="module")
-def vllm_src(real_project, tmp_path_factory):
-    """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
-    code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
-            "from fa2patch.package import extract_vllm_sources; "
-            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
-            "('cmake/external_projects/vllm_flash_attn.cmake', 'tests/kernels/attention/test_flash_attn.py')))")
-    dest = tmp_path_factory.mktemp("vllm")
-    out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
-                         capture_output=True, text=True, check=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def make_venv(path: Path, wheel: Path) -> Path:
     """A fresh venv that reuses this environment's torch (a .pth file) with ``wheel`` installed."""
     venv.EnvBuilder(with_pip=False).create(path)
@@ -228,43 +215,28 @@ def vllm_src_package(built, real_project, tmp_path_factory):
     return Path(out["vllm_src"]), Path(out["wheel"]), out
 
 
-VLLM_LIKE = """cmake_minimum_required(VERSION 3.22)
-# Stands in for vLLM's top-level CMakeLists.txt (which needs nvcc, torch's CMake package and all of
-# vLLM's kernels): the FA2 part is vLLM's real file, included the way vLLM includes it, last.
-project(vllm_extensions LANGUAGES CXX)
-include(FetchContent)
-set(VLLM_GPU_LANG "CUDA_VIA_CLANG")  # not "CUDA": the CUDA arch list block needs nvcc's CMake
-include("${VLLM_CMAKE}/external_projects/vllm_flash_attn.cmake")
-"""
-
-
 @pytest.fixture(scope="module")
 def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
-    """The tree built and installed by vLLM's real vllm_flash_attn.cmake, as setup.py does it."""
+    """The tree built and installed by vLLM's real vllm_flash_attn.cmake, as setup.py does it
+    (fa2patch.vllm_cmake, clang route: a stand-in top level, vLLM's needs nvcc). No build type:
+    setup.py's RelWithDebInfo adds -g, and this build must be byte-identical to fa2patch build's."""
     tree, _, _ = vllm_src_package
-    from fa2patch import toolchain
+    from fa2patch import toolchain, vllm_cmake
 
     root = tmp_path_factory.mktemp("vllm-cmake")
     pins = locked_toolchain()
-    cuda = toolchain.assemble_cuda_path(root / "cuda", pins)
-    (root / "project").mkdir()
-    (root / "project" / "CMakeLists.txt").write_text(VLLM_LIKE)
-    build, prefix = root / "build", vllm_src.parent / "installed"
+    prefix = vllm_src.parent / "installed"
     shutil.copytree(vllm_src, prefix, dirs_exist_ok=True)
-    launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={toolchain.find_ccache()}"] if toolchain.find_ccache() else []
-    env = {**os.environ, "VLLM_FLASH_ATTN_SRC_DIR": str(tree)}
-    steps = [["cmake", "-S", str(root / "project"), "-B", str(build), "-G", "Ninja",
-              f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}", f"-DCMAKE_CXX_COMPILER={toolchain.find_clang(pins.clang)}",
-              *launcher, f"-DVLLM_CMAKE={vllm_src / 'cmake'}", f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
-              f"-DFA2PATCH_CUDA_PATH={cuda}"],
-             # setup.py's build_extensions: one build of every extension target, then one install
-             # per component into the folder above the package.
-             ["cmake", "--build", str(build), "-j", "2", "--target", "_vllm_fa2_C", "--target", "_vllm_fa3_C"]]
-    steps += [["cmake", "--install", str(build), "--prefix", str(prefix), "--component", c]
-              for c in ("_vllm_fa2_C", "_vllm_fa3_C", "_vllm_fa4_cutedsl_C")]
-    for step in steps:
-        proc = subprocess.run(step, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, (step, proc.stdout[-4000:], proc.stderr[-4000:])
+    run = vllm_cmake.Run(vllm_src, tree, root, prefix, "clang", sys.executable, build_type="", jobs=2,
+                         clang=toolchain.find_clang(pins.clang),
+                         cuda_path=toolchain.assemble_cuda_path(root / "cuda", pins))
+    log = []
+    try:
+        vllm_cmake.configure(run, log.append)
+        vllm_cmake.build_and_install(run, log.append)
+    except Exception:
+        print("\n".join(log)[-6000:])
+        raise
     return prefix
 
 

@@ -139,11 +139,12 @@ def nvcc_cuda_flags(arch: str) -> list[str]:
             "--expt-relaxed-constexpr", "--expt-extended-lambda"]
 
 
-def prefix_maps(tree: Path, site_packages: Path, build_dir: Path) -> list[str]:
-    """Map the workspace, torch's site-packages and the build folder away (header paths end up in
-    the binary through __FILE__), so that the artifact does not depend on where it was built."""
+def prefix_maps(tree: Path, site_packages: Path, build_dir: Path, python_include: str) -> list[str]:
+    """Map the workspace, torch's site-packages, the build folder and Python's headers away (header
+    paths end up in the binary through __FILE__, and through the debug info where -g is on), so
+    that the artifact does not depend on where it was built."""
     return [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
-            f"-ffile-prefix-map={build_dir}=build"]
+            f"-ffile-prefix-map={build_dir}=build", f"-ffile-prefix-map={python_include}=python-include"]
 
 
 # What `fa2patch build --python` says when a torch cannot run the build (README: "V100 with vLLM
@@ -216,7 +217,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir)
+    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir, torch["python_include"])
     common = [*BASE_FLAGS, *maps, *flags, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]

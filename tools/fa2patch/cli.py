@@ -152,11 +152,19 @@ def check(ctx, workspace, as_json):
 
 
 @cli.command()
+@click.option("--vllm", "vllm_python", type=click.Path(dir_okay=False, exists=True), default=None,
+              metavar="PYTHON", help="instead: check that interpreter's environment for the vLLM path (vLLM and "
+                                     "the torch it pins, their sm_70 code, nvcc, the fa2patch plugin) and print "
+                                     "the next command or why it cannot work (exit 1 unless ready)")
 @json_option
 @pass_ctx
-def doctor(ctx, as_json):
+def doctor(ctx, vllm_python, as_json):
     """List the tools the build needs against the lock's pins: what is present, what is missing
-    and how to install it. Fails (exit 2) when a required one is missing; optional ones warn."""
+    and how to install it. Fails (exit 2) when a required one is missing; optional ones warn.
+    With --vllm PYTHON: is that vLLM environment ready for FlashAttention-2 on a V100, and if not,
+    the exact next command or the exact reason it cannot work."""
+    if vllm_python:
+        return _doctor_vllm(ctx, vllm_python, as_json)
     from .toolchain import doctor as do_doctor
 
     items = do_doctor(ctx.lock().toolchain)
@@ -170,6 +178,26 @@ def doctor(ctx, as_json):
 
     _finish(as_json, result, text)
     return 0 if result["ok"] else EXIT_USAGE
+
+
+def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
+    from .package import vllm_release
+    from .vllm_doctor import diagnose
+
+    result = diagnose(python, ctx.project.root, vllm_release(ctx.project))
+
+    def text():
+        lines = [_table([[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]]
+                         for c in result["checks"]], ["check", "status", "detail"]), ""]
+        if result["verdict"] == "ready":
+            lines.append("ready: " + result["ready"])
+        elif result["verdict"] == "next":
+            lines.append("next: " + result["next"])
+        else:
+            lines += ["cannot work: " + result["reason"], "instead: " + result["instead"]]
+        return "\n".join(lines)
+
+    return _finish(as_json, result, text)
 
 
 @cli.command()
