@@ -44,7 +44,9 @@ def architectures(so: str) -> dict:
     """{"sm": [...], "ptx": [...]}: the machine code and PTX a shared object carries (cuobjdump)."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
-        raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
+        raise EnvironmentProblem("cuobjdump: not found (it reads which GPUs vLLM's kernels are for)\n  install: "
+                                 "a CUDA 12.x toolkit (its bin/ on PATH, or CUDA_HOME), or triton's copy: "
+                                 f"{toolchain.PIP_BUILD}")
     found = {}
     for kind, flag in (("sm", "--list-elf"), ("ptx", "--list-ptx")):
         out = subprocess.run([str(tool), flag, so], capture_output=True, text=True).stdout
