@@ -291,11 +291,20 @@ def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     return rows
 
 
+# Prefixes every Linux machine has: a Python installed there is no folder of *this* machine, and
+# an artifact built with -g names /usr/include and /usr/local/cuda wherever it is built.
+SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
+
+
 def machine_folders(*extra: Path, python: str | None = None) -> list[Path]:
     """Folders whose names would tie an artifact to this machine."""
     folders = [Path.home(), *extra]
     if python:
-        folders.append(Path(python).resolve().parents[1])  # the environment's prefix
+        # The environment's prefix (a venv's own folder) and its base interpreter's, unless that is
+        # the system's (a venv of /usr/bin/python3).
+        for prefix in (Path(python).absolute().parents[1], Path(python).resolve().parents[1]):
+            if str(prefix) not in SYSTEM_PREFIXES and prefix not in folders:
+                folders.append(prefix)
         torch = toolchain.torch_info(python)
         if torch:
             folders.append(Path(torch["site_packages"]))
