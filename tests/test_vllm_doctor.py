@@ -231,6 +231,7 @@ def test_a_source_build_needs_nvcc_below_12_8(real_project, tmp_path, release, a
     assert result["verdict"] == "next" and expected in checks(result)["nvcc"]["detail"]
     assert result["next"].startswith("install the CUDA 12.6 toolkit (nvcc below 12.8;")
     good = doctor(real_project, python, fake_nvcc(tmp_path / "ok", "12.6", "compute_70"))
-    assert good["next"] == ("fa2patch package --arch sm_70 --vllm-src ~/fa2-src && "
-                            f"cd /path/to/vllm && TORCH_CUDA_ARCH_LIST=7.0 VLLM_FLASH_ATTN_SRC_DIR=~/fa2-src "
+    assert good["next"] == ("fa2patch package --arch sm_70 --vllm-src ~/fa2-src --force && cd /path/to/vllm && "
+                            f"{python} tools/use_existing_torch.py && {python} -m pip install -r "
+                            "requirements/build/cuda.txt && TORCH_CUDA_ARCH_LIST=7.0 VLLM_FLASH_ATTN_SRC_DIR=~/fa2-src "
                             f"{python} -m pip install --no-build-isolation -e .")

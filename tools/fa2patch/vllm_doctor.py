@@ -205,7 +205,9 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
                        + (f"{nvcc['path']} is CUDA {nvcc['version']}" if nvcc else "none found") + ") and "
                        "export CUDA_HOME=/usr/local/cuda-12.6 PATH=/usr/local/cuda-12.6/bin:$PATH", None)
         else:
-            verdict = ("next", f"{fa2patch} package --arch sm_70 --vllm-src ~/fa2-src && cd /path/to/vllm && "
+            # README step 4: vLLM's own steps for an existing torch, its FA2 from fa2patch's tree.
+            verdict = ("next", f"{fa2patch} package --arch sm_70 --vllm-src ~/fa2-src --force && cd /path/to/vllm && "
+                       f"{py} tools/use_existing_torch.py && {py} -m pip install -r requirements/build/cuda.txt && "
                        f"TORCH_CUDA_ARCH_LIST=7.0 VLLM_FLASH_ATTN_SRC_DIR=~/fa2-src {py} -m pip install "
                        "--no-build-isolation -e .", None)
     elif ours:
