@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU lab run (H200, nvcc 13, no network): replay from the carried sdist, build the sm_90
 # lab variant with nvcc, verify it, smoke it and run tests/gpu. Carry `.lab/` with the sdist
-# and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit):
-#   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit
+# and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit; nvidia-ml-py
+# for bench's and tune's NVML samples):
+#   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit nvidia-ml-py
 #   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips

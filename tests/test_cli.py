@@ -9,7 +9,7 @@ import pytest
 
 from helpers import REPO
 
-COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench",
+COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench", "tune",
             "package"]
 
 

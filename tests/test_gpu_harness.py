@@ -16,6 +16,9 @@ SCRIPT = REPO / "tests" / "gpu" / "sm70_cases.py"
 CASES = [
     {"seqlens": [[1, 1], [9, 21], [0, 4], [4, 0]], "hq": 4, "hkv": 2, "d": 32, "causal": True},
     {"seqlens": [[1, 19], [3, 40]], "hq": 6, "hkv": 1, "d": 64, "page_size": 16, "alibi": True},
+    # vLLM's cache views (row stride 2 d); the split-KV hook key is the op's concern, ignored here.
+    {"seqlens": [[5, 40], [1, 17]], "hq": 6, "hkv": 1, "d": 64, "page_size": 16, "causal": True, "vllm_cache": True,
+     "prefill_splits": 3},
 ]
 
 

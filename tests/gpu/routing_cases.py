@@ -4,13 +4,21 @@
 
 The JSON holds ``scenario``, ``spec`` (an sm70_cases spec: the inputs and the FP32 reference
 come from there) and optionally ``override`` (call arguments that replace the spec's: max_seqlen_q,
-max_seqlen_k, scale), ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d) and
+max_seqlen_k, scale), ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row stride 2 d),
 ``sms``: the SM count routing's wave rule uses (routing.cpp, set through _routing_sms_for_testing):
 "eligible" (default: one fewer than the exact route's CTAs for this spec, so that its last wave
 holds one CTA and the call qualifies on any GPU), "one_wave" (exactly its CTAs: one full wave, the
-exact route is faster) or "device". Run with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
+exact route is faster) or "device"; ``prefill_splits`` (the router's split-KV test hook, 0: off);
+``profile``: {"decisions": [...], "corrupt": null or a name of CORRUPTIONS} -- a routing profile
+for this device and this artifact (its sha256), written to a temporary file (corrupted as named)
+and set in FA2PATCH_ROUTING_PROFILE before any op runs; ``decide``: a list of keyword arguments
+of _routing_decide_for_testing, whose decisions the "route" and "decide" scenarios report. Run
+with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
 
-  route          one call checked against the FP32 reference; the route counters' change
+  route          one call checked against the FP32 reference; the route counters' change, the
+                 decisions asked for (``decide``), route_stats()'s "profile", the lines logged
+  decide         only the decisions asked for (no attention runs), route_stats()'s "profile" and
+                 the lines logged
   error          one call that must raise a typed error before any launch (out untouched)
   oom            the workspace test hook forces the out-of-memory fallback (two calls, one log line): out and LSE must be
                  bitwise those of the exact route (the env switch at "0"), and differ in route from
@@ -23,8 +31,14 @@ exact route is faster) or "device". Run with FA2PATCH_FORCE_SM70=1 off V100. Sce
   corrupt_graph  a captured graph replayed with a corrupted block_table and seqused_k: no
                  out-of-bounds access (compute-sanitizer), finite output, and the next eager call
                  raises IndexError naming the previous call
+  split_graph    with ``prefill_splits``: a CUDA graph captured around a split-KV call replays with
+                 out and LSE bitwise those of the same call made eagerly
+  split_oom      with ``prefill_splits``: the OOM test hook refuses the split buffers (twice, logged
+                 once): out and LSE bitwise those of the unsplit exact route (the hook at 1); the
+                 same call without the OOM hook splits again
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -82,38 +96,154 @@ def bitwise(a, b) -> bool:
                                               b.view(torch.uint8) if b.dtype != torch.float32 else b.view(torch.int32))
 
 
-def scenario_route(ops, spec, inputs) -> dict:
+def logged_lines(fn):
+    """fn()'s result and the lines it logged. TORCH_WARN reaches Python as a warning, or (outside
+    torch's Python warning handler, as for torch.ops calls) c10's default handler writes it to
+    stderr: collect both."""
+    import torch
+
+    with warnings.catch_warnings(record=True) as logged, tempfile.TemporaryFile("w+") as err:
+        warnings.simplefilter("always")
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            result = fn()
+            torch.cuda.synchronize()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        return result, [str(w.message) for w in logged] + err.read().splitlines()
+
+
+def decisions(ops, asked) -> list:
+    return [json.loads(ops._routing_decide_for_testing(**kw)) for kw in asked]
+
+
+def two_calls(ops, spec, inputs):
+    """The same call twice on fresh outputs; the last out and LSE."""
+    for _ in range(2):
+        out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+        lse = call(ops, spec, inputs, out)
+    return out, lse
+
+
+def scenario_route(ops, spec, inputs, asked=()) -> dict:
     before = stats(ops)
-    result = sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
+
+    def run():
+        decided = decisions(ops, asked)   # first: the profile is read at the first SM70 call
+        return decided, sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
+
+    (decided, result), lines = logged_lines(run)
     result.update(delta(before, stats(ops)))
+    result.update(decided=decided, profile=json.loads(ops.route_stats())["profile"], log_lines=lines)
     return result
 
 
-def scenario_oom(ops, spec, inputs) -> dict:
+def scenario_decide(ops, spec, inputs, asked=()) -> dict:
+    decided, lines = logged_lines(lambda: decisions(ops, asked))
+    return {"decided": decided, "profile": json.loads(ops.route_stats())["profile"], "log_lines": lines}
+
+
+def scenario_split_graph(ops, spec, inputs) -> dict:
     import torch
 
+    eager = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    eager_lse = call(ops, spec, inputs, eager)
+    out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    graph = torch.cuda.CUDAGraph()
+    before = stats(ops)
+    with torch.cuda.graph(graph):
+        lse = sm70_cases.call_op(ops.varlen_fwd, spec, inputs, out)[1]
+    captured = delta(before, stats(ops))
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    return {"captured": captured, "identical_to_eager": bitwise(out, eager) and bitwise(lse, eager_lse),
+            "finite": bool(torch.isfinite(out).all())}
+
+
+def scenario_split_oom(ops, spec, inputs) -> dict:
+    import torch
+
+    splits = json.loads(ops.route_stats())["split_kv"]["testing_splits"]
+    ops._routing_prefill_splits_for_testing(1)   # the unsplit exact route, same call
+    ref_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
+    ref_lse = call(ops, spec, inputs, ref_out)
+    ops._routing_prefill_splits_for_testing(splits)
+    ops._workspace_force_oom_for_testing(True)
+    try:
+        before = stats(ops)
+
+        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))   # counted twice, logged once
+        counted = delta(before, stats(ops))
+    finally:
+        ops._workspace_force_oom_for_testing(False)
+    before = stats(ops)
+    call(ops, spec, inputs, sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1])
+    torch.cuda.synchronize()
+    return {"oom": counted, "without_hook": delta(before, stats(ops)),
+            "log_lines": [line for line in lines if "splitkv_oom" in line],
+            "identical_to_unsplit": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
+
+
+# Ways to spoil a routing profile (routing_cases' "profile" key): each returns the file's text.
+def _edit(change):
+    def corrupt(doc):
+        change(doc)
+        return json.dumps(doc)
+    return corrupt
+
+
+CORRUPTIONS = {
+    "bad_json": lambda doc: json.dumps(doc)[:-1],   # the closing brace cut off
+    "wrong_format": _edit(lambda d: d.update(format="fa2patch-routing-profile/2")),
+    "unknown_key": _edit(lambda d: d.update(decision=[])),   # a typo beside "decisions"
+    "bad_range": _edit(lambda d: d["decisions"][0].update(q=[2048, 1024])),
+    "unknown_route": _edit(lambda d: d["decisions"][0].update(route="sm70-fast")),
+    "other_device_name": _edit(lambda d: d["device"].update(name=d["device"]["name"] + " (another card)")),
+    "other_sm_count": _edit(lambda d: d["device"].update(sms=d["device"]["sms"] + 1)),
+    "other_capability": _edit(lambda d: d["device"].update(capability=[d["device"]["capability"][0],
+                                                                       d["device"]["capability"][1] + 1])),
+    "other_sha256": _edit(lambda d: d.update(extension_sha256="0" * 64)),
+    "unreadable": None,   # the path names no file
+    "directory": None,    # the path names a folder
+}
+
+
+def write_profile(artifact: str, profile: dict, folder: Path) -> tuple[str, dict]:
+    """A profile for device 0 and this artifact in `folder`, corrupted as profile["corrupt"] says;
+    its path and the document before the corruption."""
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    doc = {"format": "fa2patch-routing-profile/1",
+           "device": {"name": props.name, "sms": props.multi_processor_count, "capability": [props.major, props.minor]},
+           "extension_sha256": hashlib.sha256(Path(artifact).read_bytes()).hexdigest(),
+           "software": {"torch": torch.__version__, "fa2patch": "test"}, "clocks_seen": {}, "measured": [],
+           "decisions": profile.get("decisions", [])}
+    original = json.loads(json.dumps(doc))
+    corrupt = profile.get("corrupt")
+    if corrupt == "unreadable":
+        return str(folder / "missing.json"), original
+    if corrupt == "directory":
+        return str(folder), original
+    path = folder / "profile.json"
+    path.write_text(CORRUPTIONS[corrupt](doc) if corrupt else json.dumps(doc))
+    return str(path), original
+
+
+def scenario_oom(ops, spec, inputs) -> dict:
     ref_out, ref_lse = exact_route(ops, spec, inputs)
     ops._workspace_force_oom_for_testing(True)
     try:
         before = stats(ops)
-        # TORCH_WARN reaches Python as a warning, or (outside torch's Python warning handler, as for
-        # torch.ops calls) c10's default handler writes it to stderr: collect both.
-        with warnings.catch_warnings(record=True) as logged, tempfile.TemporaryFile("w+") as err:
-            warnings.simplefilter("always")
-            sys.stderr.flush()
-            saved = os.dup(2)
-            os.dup2(err.fileno(), 2)
-            try:
-                for _ in range(2):   # counted twice, logged once
-                    out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-                    lse = call(ops, spec, inputs, out)
-                torch.cuda.synchronize()
-            finally:
-                sys.stderr.flush()
-                os.dup2(saved, 2)
-                os.close(saved)
-            err.seek(0)
-            lines = [str(w.message) for w in logged] + err.read().splitlines()
+
+        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))   # counted twice, logged once
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
@@ -247,7 +377,13 @@ def main(argv) -> int:
     spec = sm70_cases._spec(raw["spec"])
     torch.ops.load_library(argv[1])
     ops = torch.ops._vllm_fa2_C
+    folder = tempfile.TemporaryDirectory()
+    profile = {}
+    if "profile" in raw:   # before any op reads the setting (once per process)
+        path, profile = write_profile(argv[1], raw["profile"], Path(folder.name))
+        os.environ["FA2PATCH_ROUTING_PROFILE"] = path
     ops._routing_sms_for_testing(wave_sms(ops, spec, raw.get("sms", "eligible")))
+    ops._routing_prefill_splits_for_testing(int(raw.get("prefill_splits", 0)))
     t0 = time.perf_counter()
     if scenario in ("devices", "tp_pair") and torch.cuda.device_count() < 2:
         result = {"skipped": f"needs two GPUs, {torch.cuda.device_count()} visible"}
@@ -262,9 +398,17 @@ def main(argv) -> int:
         inputs.update(raw.get("override", {}))   # e.g. max_seqlen_q, scale: what the call passes instead
         if raw.get("vllm_cache"):   # k/v as views of vLLM's (num_blocks, hkv, page, 2 d) cache
             prefill_cases.vllm_views(spec, inputs)
-        result = {"route": scenario_route, "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
-                  "oom": scenario_oom, "graph": scenario_graph,
+        asked = raw.get("decide", [])
+        result = {"route": lambda o, sp, x: scenario_route(o, sp, x, asked),
+                  "decide": lambda o, sp, x: scenario_decide(o, sp, x, asked),
+                  "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
+                  "oom": scenario_oom, "graph": scenario_graph, "split_graph": scenario_split_graph,
+                  "split_oom": scenario_split_oom,
                   "corrupt_graph": scenario_corrupt_graph}[scenario](ops, spec, inputs)
+    if profile:
+        result["profile_written"] = {"device": profile["device"], "extension_sha256": profile["extension_sha256"],
+                                     "path": os.environ["FA2PATCH_ROUTING_PROFILE"]}
+    folder.cleanup()
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(result))
     return 0

@@ -34,6 +34,12 @@ FAMILIES = [
                                "softcap": 30.0, "alibi": True}),
     ("split_kv", VARLEN, {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16,
                           "num_splits": 4}),
+    # patch 0004: split-KV on prefill (partials in q's rows, the combine's sequence search): a chunk
+    # with decode rows over a paged cache, empty splits, sequences without keys or queries.
+    ("split_prefill", VARLEN, {"seqlens": [[40, 45], [1, 17], [0, 10], [33, 0], [2, 3]], "hq": 4, "hkv": 1, "d": 64,
+                               "causal": True, "page_size": 16, "prefill_splits": 4}),
+    ("split_prefill", VARLEN, {"seqlens": [[70, 300], [1, 1]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
+                               "prefill_splits": 3}),
     ("kvcache", KVCACHE, {"cache": [0, 15, 40], "seqlen_new": 1, "rotary_dim": 64, "page_size": 16,
                           "num_splits": 3}),
     ("kvcache", KVCACHE, {"cache": [5, 40], "seqlen_q": 2, "seqlen_new": 2, "cache_batch_idx": True,
@@ -47,6 +53,9 @@ FAMILIES = [
     # out-of-bounds access), and long-prefill calls from two threads on two streams (racecheck).
     ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": CORRUPT}),
     ("routing_streams", ROUTING, {"scenario": "streams", "spec": {**ROUTING_BASE, "hq": 1}, "calls": 1}),
+    # A split-KV prefill call captured in a CUDA graph and replayed.
+    ("routing_split_graph", ROUTING, {"scenario": "split_graph", "spec": {"seqlens": [[60, 200], [1, 17]], "hq": 4,
+                                      "hkv": 1, "d": 128, "causal": True, "page_size": 16}, "prefill_splits": 3}),
 ]
 
 

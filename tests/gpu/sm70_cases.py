@@ -37,11 +37,16 @@ The spec (every key optional except ``seqlens``; defaults in ``DEFAULTS``):
   misaligned     with expect_error: "q" or "k": that tensor becomes a view whose rows start 2
                  bytes off a 16-byte boundary (last dim still contiguous)
   extra_blocks   extra (unused, zero) columns in block_table, like vLLM's padded tables
+  vllm_cache     paged only: k and v are views of vLLM's (num_blocks, hkv, page_size, 2 d) cache
+                 holding the same values (prefill_cases.vllm_views)
+  prefill_splits N > 0: the router's test hook _routing_prefill_splits_for_testing(N): every call
+                 that split-KV can take (max_seqlen_q >= 2, keys) runs the exact route with N splits
 
 Output (numerics): max_abs, rel_l2 (whole output), rel_l2_worst_seq, bar (FA2's, of the worst
 sequence), ratio (max over sequences of max_abs / bar), lse_max_err, finite, guard_ok (no write
 outside ``out``), returns_out, inputs_unchanged, ok, deterministic (with repeats), raised/message
-(the op raised), seconds. Output (expect_error): raised, message, out_untouched, device_ok.
+(the op raised), routes (what route_stats() counted per route over the case's calls, on device 0),
+seconds. Output (expect_error): raised, message, out_untouched, device_ok.
 Exit code 0 whenever a JSON line was printed; 1 for a failure of this harness itself.
 """
 
@@ -64,6 +69,7 @@ DEFAULTS = {
     "strided": False, "poison": False, "repeats": 1, "seed": 0, "ref_dtype": "float32",
     "ref_chunk_elems": 1 << 28, "lse_tol": numerics.LSE_ABS_MAX, "expect_error": False, "bad_block_table": None,
     "bad_cu_seqlens_q": None, "bad_cu_seqlens_k": None, "bad_seqused_k": None, "misaligned": None,
+    "vllm_cache": False, "prefill_splits": 0,
 }
 GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
@@ -433,15 +439,34 @@ def main(argv) -> int:
     else:
         torch.ops.load_library(artifact)
         op, device = torch.ops._vllm_fa2_C.varlen_fwd, "cuda"
+        if spec["prefill_splits"]:
+            torch.ops._vllm_fa2_C._routing_prefill_splits_for_testing(int(spec["prefill_splits"]))
     t0 = time.perf_counter()
     inputs = build_inputs(spec, device)
+    if spec["vllm_cache"]:
+        import prefill_cases
+
+        prefill_cases.vllm_views(spec, inputs)
+    before = route_counts(device)
     if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
         result = run_op_only(lambda out: call_op(op, spec, inputs, out), new_out(inputs, spec["hq"], spec["d"])[1])
     else:
         result = run_error(op, spec, inputs) if spec["expect_error"] else run_numerics(op, spec, inputs)
+    after = route_counts(device)
+    if after is not None:
+        result["routes"] = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(result))
     return 0
+
+
+def route_counts(device):
+    """route_stats()'s calls per route on device 0 (patch 0004), or None without the op or a GPU."""
+    import torch
+
+    if device != "cuda" or not hasattr(torch.ops._vllm_fa2_C, "route_stats"):
+        return None
+    return json.loads(torch.ops._vllm_fa2_C.route_stats())["devices"]["0"]["routes"]
 
 
 def _reference_op(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, alibi, max_sq, max_sk,

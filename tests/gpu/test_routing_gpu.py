@@ -23,8 +23,10 @@ EXACT = "sm70-dense"
 BASE = {"seqlens": [[1024, 16384]], "hq": 4, "hkv": 1, "d": 256, "causal": True, "page_size": 16}
 
 
-def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False, sms="eligible"):
-    raw = {"scenario": scenario, "spec": spec, "override": override or {}, "vllm_cache": vllm_cache, "sms": sms}
+def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False, sms="eligible", **extra):
+    """extra: routing_cases' other keys (prefill_splits, profile, decide)."""
+    raw = {"scenario": scenario, "spec": spec, "override": override or {}, "vllm_cache": vllm_cache, "sms": sms,
+           **extra}
     proc = subprocess.run([sys.executable, str(SCRIPT), str(gpu_build), json.dumps(raw)],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "FA2PATCH_FORCE_SM70": "1", **(env or {})})
@@ -147,3 +149,182 @@ def test_routing_host_checks_raise_value_error_before_any_launch(gpu_build, name
     r = run(gpu_build, "error", spec, override=override)
     assert r["raised"] == "ValueError" and word in r["message"], r
     assert r["out_untouched"] and r["guard_ok"] and r["device_ok"], r
+
+
+# --- Split-KV on the exact route (issue 17 item 4; the numerics: test_sm70_numerics' split_prefill) ---
+
+SPLIT = "sm70-dense-splitkv"
+SPLIT_SPEC = {"seqlens": [[300, 2049], [1, 17], [1, 300]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
+              "page_size": 16, "seed": 5}
+
+
+def test_split_prefill_in_a_cuda_graph_replays_the_eager_result(gpu_build):
+    """The split buffers come from torch's allocator, which serves graph capture from the graph's
+    pool: a split call may be captured, and its replay is bitwise the eager call."""
+    r = run(gpu_build, "split_graph", SPLIT_SPEC, prefill_splits=3)
+    assert r["captured"]["routes"] == {SPLIT: 1} and r["captured"]["fallbacks"] == {}, r
+    assert r["identical_to_eager"] and r["finite"], r
+
+
+def test_split_prefill_out_of_memory_takes_the_unsplit_route_bitwise(gpu_build):
+    r = run(gpu_build, "split_oom", SPLIT_SPEC, prefill_splits=3)
+    assert r["oom"]["fallbacks"] == {"splitkv_oom": 2} and r["oom"]["routes"] == {EXACT: 2}, r
+    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r   # logged once per device and reason
+    assert r["without_hook"]["routes"] == {SPLIT: 1}, r
+    assert r["identical_to_unsplit"], r
+
+
+def test_split_prefill_leaves_decode_calls_to_fas_decode_split(gpu_build):
+    """The test hook splits calls with max_seqlen_q >= 2 only: a decode batch keeps the exact route."""
+    spec = {"seqlens": [[1, 300], [1, 17]], "hq": 8, "hkv": 2, "d": 128, "causal": True, "page_size": 16, "seed": 3}
+    r = run(gpu_build, "route", spec, prefill_splits=3)
+    assert r["routes"] == {EXACT: 1} and r["ok"], r
+
+
+# --- Routing profiles (issue 17 item 5; spec: the routing profile format 1) --------------------------
+
+PROFILE_ENV = "FA2PATCH_ROUTING_PROFILE"
+# BASE: hq 4 / hkv 1 (group 4), head dim 256, max_seqlen_q 1024, max_seqlen_k 16384.
+AT_BASE = {"group": 4, "head_dim": 256, "q": [1024, 1025], "kv": [16384, 16385]}
+DECIDE_BASE = {"heads_q": 4, "heads_k": 1, "head_dim": 256, "max_seqlen_q": 1024, "max_seqlen_k": 16384}
+
+# (id, spec changes, sms, decisions, expected counter changes): each direction a profile can send a
+# call, shown by route_stats; every call also meets the numerics contract.
+PROFILE_TABLE = [
+    # The built-in rule would take the long-prefill route (sms="eligible"); the profile says exact.
+    ("exact", {}, "eligible", [{**AT_BASE, "route": EXACT}],
+     {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
+    ("exact-splitkv", {}, "eligible", [{**AT_BASE, "route": EXACT, "splits": 3}],
+     {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
+    # The built-in rule would keep the exact route (one full wave); the profile says long-prefill.
+    ("long-prefill", {}, "one_wave", [{**AT_BASE, "route": PREFILL}],
+     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    # Below the built-in rule's range ("short").
+    ("long-prefill-short-call", {"seqlens": [[512, 4096]]}, "eligible",
+     [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 16384], "route": PREFILL}],
+     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    # The first matching decision wins.
+    ("first-match-wins", {}, "eligible",
+     [{"group": 4, "head_dim": 256, "q": [0, 1 << 20], "kv": [0, 1 << 30], "route": EXACT, "splits": 2},
+      {**AT_BASE, "route": PREFILL}],
+     {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
+    # Half-open ranges: q = [0, 1024) does not hold 1024; no decision matches, the built-in rule applies.
+    ("no-match-half-open", {}, "eligible",
+     [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 1 << 30], "route": EXACT}],
+     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    ("no-match-other-group", {}, "eligible", [{**AT_BASE, "group": 8, "route": EXACT}],
+     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    # A decision whose route the call cannot take: ignored, the built-in rule applies.
+    ("ineligible-long-prefill-for-a-batch", {"seqlens": [[1024, 16384], [1, 300]]}, "eligible",
+     [{**AT_BASE, "route": PREFILL}],
+     {"routes": {EXACT: 1}, "exact_reasons": {"batch": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+    ("ineligible-splits-for-decode", {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128}, "eligible",
+     [{"group": 4, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": EXACT, "splits": 3}],
+     {"routes": {EXACT: 1}, "exact_reasons": {"head_dim": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+]
+
+
+@pytest.mark.parametrize("name,change,sms,decisions,expected", PROFILE_TABLE, ids=[t[0] for t in PROFILE_TABLE])
+def test_profile_routes_the_call(gpu_build, name, change, sms, decisions, expected):
+    r = run(gpu_build, "route", {**BASE, **change, "seed": 21}, sms=sms, profile={"decisions": decisions})
+    written = r["profile_written"]
+    assert r["profile"] == {"path": written["path"], "status": "in use", "device": written["device"]["name"],
+                            "decisions": len(decisions)}, r
+    assert {g: r[g] for g in expected} == expected, r
+    assert r["ok"], r   # the numerics contract, on whichever route ran
+    assert not [line for line in r["log_lines"] if "refused" in line], r
+
+
+def test_profile_decisions_without_running_attention(gpu_build):
+    """_routing_decide_for_testing under a profile: first match, half-open bounds, eligibility, and
+    the built-in rule where nothing matches."""
+    decisions = [{"group": 6, "head_dim": 256, "q": [2048, 8192], "kv": [32768, 1 << 20], "route": EXACT, "splits": 3},
+                 {"group": 6, "head_dim": 256, "q": [1024, 2048], "kv": [16384, 1 << 20], "route": PREFILL},
+                 {"group": 4, "head_dim": 128, "q": [0, 1 << 20], "kv": [0, 1 << 20], "route": EXACT, "splits": 2}]
+    g6 = {"heads_q": 6, "heads_k": 1, "head_dim": 256}
+    asked = [
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768},                # decision 0
+        {**g6, "max_seqlen_q": 8192, "max_seqlen_k": 32768},                # q == hi: no match
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32767},                # kv < lo: no match
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384},                # decision 1
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "batch": 2},    # decision 1, ineligible
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "causal": False},   # ineligible
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 5000},  # decision 2
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 5000},   # decode
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 0},     # no keys
+    ]
+    r = run(gpu_build, "decide", BASE, sms="device", profile={"decisions": decisions}, decide=asked)
+    got = [(d["route"], d["splits"], d["by"], d["profile_ineligible"]) for d in r["decided"]]
+    assert got[0] == (SPLIT, 3, "profile", None), r
+    assert got[1][2] == got[2][2] == "builtin" and got[1][3] is got[2][3] is None, r
+    assert got[3] == (PREFILL, 1, "profile", None), r
+    assert got[4] == (EXACT, 1, "builtin", "batch") and r["decided"][4]["reason"] == "batch", r
+    assert got[5] == (EXACT, 1, "builtin", "not_causal"), r
+    assert got[6] == (SPLIT, 2, "profile", None), r
+    assert got[7] == (EXACT, 1, "builtin", "decode") and got[8] == (EXACT, 1, "builtin", "no_keys"), r
+    assert r["profile"]["status"] == "in use" and r["profile"]["decisions"] == 3, r
+
+
+def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):
+    """Without a profile: the built-in rule (the wave rule at the SM count the test sets) and the
+    split-KV test hook, which takes every call with max_seqlen_q >= 2 and keys."""
+    asked = [DECIDE_BASE, {**DECIDE_BASE, "batch": 2}, {**DECIDE_BASE, "head_dim": 128},
+             {**DECIDE_BASE, "max_seqlen_q": 1023}, {**DECIDE_BASE, "window_size_left": 100},
+             {**DECIDE_BASE, "softcap": 30.0}, {**DECIDE_BASE, "alibi": True}]
+    r = run(gpu_build, "decide", BASE, decide=asked)
+    got = [(d["route"], d["by"], d["reason"]) for d in r["decided"]]
+    assert got == [(PREFILL, "builtin", None), (EXACT, "builtin", "batch"), (EXACT, "builtin", "head_dim"),
+                   (EXACT, "builtin", "short"), (EXACT, "builtin", "window"), (EXACT, "builtin", "softcap"),
+                   (EXACT, "builtin", "alibi")], r
+    assert r["profile"] is None, r
+    hooked = [DECIDE_BASE, {**DECIDE_BASE, "max_seqlen_q": 2}, {**DECIDE_BASE, "max_seqlen_q": 1},
+              {**DECIDE_BASE, "max_seqlen_k": 0}]
+    r = run(gpu_build, "decide", BASE, decide=hooked, prefill_splits=4)
+    got = [(d["route"], d["splits"], d["by"]) for d in r["decided"]]
+    assert got == [(SPLIT, 4, "test_hook"), (SPLIT, 4, "test_hook"), (EXACT, 1, "builtin"), (EXACT, 1, "builtin")], r
+
+
+def test_profile_long_prefill_decision_during_graph_capture_is_ignored(gpu_build):
+    """Graph capture is a call the long-prefill route cannot take: the decision is ignored
+    (profile_route_ineligible), the built-in rule's long-prefill pick falls back (graph_capture),
+    and the replay is the exact route's result."""
+    r = run(gpu_build, "graph", BASE, profile={"decisions": [{**AT_BASE, "route": PREFILL}]})
+    assert r["captured"]["fallbacks"] == {"profile_route_ineligible": 1, "graph_capture": 1}, r
+    assert r["captured"]["routes"] == {EXACT: 1}, r
+    assert r["identical_to_exact"], r
+
+
+# Refused profiles: (corruption, substrings the reason must hold; "{name}", "{sms}", "{sha}", "{cap}"
+# stand for the device's and the artifact's values).
+REFUSALS = [
+    ("bad_json", ["invalid JSON"]),
+    ("wrong_format", ["fa2patch-routing-profile/2", "fa2patch-routing-profile/1"]),
+    ("unknown_key", ['unknown key "decision"']),
+    ("bad_range", ["decisions[0].q", "[2048,1024]"]),
+    ("unknown_route", ['"sm70-fast"']),
+    ("other_device_name", ['"{name} (another card)"', '"{name}"']),
+    ("other_sm_count", ["device.sms is {sms_plus_1}", "this device has {sms}"]),
+    ("other_capability", ["device.capability is [{major}, {minor_plus_1}]", "this device has [{major}, {minor}]"]),
+    ("other_sha256", ["0" * 64, "{sha}"]),
+    ("unreadable", ["cannot read the file", "No such file"]),
+    ("directory", ["cannot read the file"]),
+]
+
+
+@pytest.mark.parametrize("corrupt,words", REFUSALS, ids=[t[0] for t in REFUSALS])
+def test_refused_profile_is_logged_once_and_the_builtin_rule_applies(gpu_build, corrupt, words):
+    r = run(gpu_build, "route", {**BASE, "seed": 31},
+            profile={"decisions": [{**AT_BASE, "route": EXACT}], "corrupt": corrupt}, decide=[DECIDE_BASE])
+    w = r["profile_written"]
+    facts = {"name": w["device"]["name"], "sms": w["device"]["sms"], "sms_plus_1": w["device"]["sms"] + 1,
+             "major": w["device"]["capability"][0], "minor": w["device"]["capability"][1],
+             "minor_plus_1": w["device"]["capability"][1] + 1, "sha": w["extension_sha256"]}
+    assert r["profile"]["status"] == "refused" and r["profile"]["path"] == w["path"], r
+    reason = r["profile"]["reason"]
+    for word in words:
+        assert word.format(**facts) in reason, (word, r)
+    refused = [line for line in r["log_lines"] if "routing profile" in line]
+    assert len(refused) == 1 and w["path"] in refused[0] and reason in refused[0], r   # one line, the whole reason
+    # The built-in rule: the long-prefill route for BASE (the decision said exact; it was not used).
+    assert r["decided"][0]["by"] == "builtin" and r["decided"][0]["route"] == PREFILL, r
+    assert r["routes"] == {PREFILL: 1} and r["fallbacks"] == {} and r["ok"], r

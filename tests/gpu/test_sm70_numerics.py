@@ -205,6 +205,47 @@ case("determinism", "paged-decode-p16-s4", seqlens=[(1, 1000), (1, 4097), (1, 17
 case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16,
      repeats=10)
 
+# Split-KV on the exact route for prefill (patch 0004; the router's test hook forces N splits): FP32
+# partials in q's rows and the deterministic combine, held to the same contract. Key counts that are
+# multiples of nothing, causal bottom-right masks cut per split, splits with no visible key (short
+# KV, masked rows, sequences with no keys or no queries), a prefill chunk batched with decode rows
+# over vLLM's paged cache views, GQA 6/1 D=256 and 32/8 D=128. check_numerics also requires that
+# every call took sm70-dense-splitkv.
+CHUNK_AND_DECODES = [(300, 2049), (1, 17), (1, 300), (1, 1), (1, 513)]
+case("split_prefill", "one-seq-causal-d128-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=128, causal=True,
+     prefill_splits=3)
+case("split_prefill", "one-seq-full-d64-s2", seqlens=[(130, 1000)], hq=4, hkv=1, d=64, prefill_splits=2)
+case("split_prefill", "chunk-and-decodes-p16-vllm-views-6-1-d256-s3", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1,
+     d=256, causal=True, page_size=16, cu_seqlens_k="garbage", vllm_cache=True, prefill_splits=3)
+case("split_prefill", "chunk-and-decodes-p16-6-1-d256-full-s4", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1, d=256,
+     page_size=16, prefill_splits=4)
+case("split_prefill", "gqa-32-8-d128-causal-s4", seqlens=[(129, 333), (1, 70), (64, 64)], hq=32, hkv=8, d=128,
+     causal=True, prefill_splits=4)
+case("split_prefill", "gqa-32-8-d128-full-s2", seqlens=[(129, 333), (1, 70), (64, 64)], hq=32, hkv=8, d=128,
+     prefill_splits=2)
+case("split_prefill", "empty-splits-causal-s4", seqlens=[(40, 45), (5, 5), (33, 0), (0, 10), (2, 3)], hq=4, hkv=1,
+     d=64, causal=True, prefill_splits=4)
+case("split_prefill", "more-splits-than-blocks-s16", seqlens=[(64, 70), (3, 700)], hq=2, hkv=1, d=128, causal=True,
+     prefill_splits=16)
+case("split_prefill", "masked-rows-causal-s3", seqlens=[(70, 33), (16, 1), (9, 9)], hq=4, hkv=2, d=64, causal=True,
+     prefill_splits=3)
+case("split_prefill", "chunked-p16-cuk-garbage-s2", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True, page_size=16,
+     cu_seqlens_k="garbage", prefill_splits=2)
+case("split_prefill", "window-softcap-alibi-d128-s2", seqlens=[(100, 500), (1, 40)], hq=4, hkv=2, d=128,
+     causal=True, window=[64, 0], softcap=30.0, alibi=True, prefill_splits=2)
+case("split_prefill", "scores100-causal-d256-s3", seqlens=[(96, 400), (37, 90)], hq=6, hkv=1, d=256, causal=True,
+     magnitude=10.0, ref_dtype="float64", prefill_splits=3)
+case("split_prefill", "strided-views-d96-s3", seqlens=[(77, 301), (1, 9)], hq=8, hkv=2, d=96, causal=True,
+     strided=True, prefill_splits=3)
+case("split_prefill", "determinism-p16-6-1-d256-s3", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1, d=256, causal=True,
+     page_size=16, prefill_splits=3, repeats=10)
+# Realistic: the long-prefill range's smallest chunk, and issue 17's production chunk (Q=4096 over 32K
+# cached keys, 6/1, D=256, scale 1/16) with 3 splits.
+case("split_prefill", "q1024-kv16384-p16-6-1-d256-s3", seqlens=[(1024, 16384)], hq=6, hkv=1, d=256, scale=1 / 16,
+     causal=True, page_size=16, prefill_splits=3, repeats=2)
+case("split_prefill", "q4096-kv32768-p16-6-1-d256-s3", seqlens=[(4096, 32768)], hq=6, hkv=1, d=256, scale=1 / 16,
+     causal=True, page_size=16, vllm_cache=True, prefill_splits=3)
+
 # fwd_kvcache (kvcache_cases.py): contiguous and paged caches, seqlens_k, split-KV, appended k/v
 # with rotary (both pairings, per-row and uniform query positions), cache_batch_idx, leftpad_k.
 def kv_case(name, **spec):
@@ -422,6 +463,9 @@ def check_numerics(c: Case, r: dict, numerics_summary) -> None:
         assert r["cache_ok"], f"the KV cache after the call is not the cache with the appended rows\n{where}"
     if c.spec.get("repeats", 1) > 1:
         assert r.get("deterministic") is True, f"{c.spec['repeats']} calls are not bitwise identical\n{where}"
+    if c.spec.get("prefill_splits", 0) > 1:
+        assert r.get("routes") == {"sm70-dense-splitkv": c.spec.get("repeats", 1)}, \
+            f"not every call took the split-KV route\n{where}"
     assert r["ok"], where
 
 

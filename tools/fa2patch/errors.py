@@ -2,7 +2,7 @@
 
 EXIT_CHECK_FAILED = 1  # a verification found a mismatch, a breach or tampering
 EXIT_USAGE = 2  # bad arguments, a missing or unusable tool or file
-EXIT_NOTHING_TO_LAUNCH = 3  # `smoke`, `bench`: no GPU of a built architecture, or no route to launch
+EXIT_NOTHING_TO_LAUNCH = 3  # `smoke`, `bench`, `tune`: no GPU of a built architecture, or no route to launch
 
 
 class Fa2PatchError(Exception):

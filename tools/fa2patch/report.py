@@ -55,6 +55,11 @@ CATEGORIES = {
     "BRA": "branch", "BSSY": "branch", "BSYNC": "branch", "BMOV": "branch", "EXIT": "branch",
     "JMP": "branch", "CALL": "branch", "RET": "branch", "BREAK": "branch",
     "BAR": "barrier", "WARPSYNC": "barrier", "SHFL": "shuffle",
+    # FP16x2 arithmetic (HADD2.F32 is also how sm_70 converts fp16 to fp32): GV100 runs it on
+    # its own FP16 pipe, at the FFMA instruction rate, and the model charges it issue only
+    # (docs/peer-vllm-triton.md). LDL/STL: local memory (register spills), issue only.
+    "HADD2": "fp16", "HMUL2": "fp16", "HFMA2": "fp16", "HSETP2": "fp16", "HSET2": "fp16", "HMNMX2": "fp16",
+    "LDL": "local", "STL": "local",
 }
 WIDTH = {"8": 1, "U8": 1, "S8": 1, "16": 2, "U16": 2, "S16": 2, "64": 8, "128": 16}
 

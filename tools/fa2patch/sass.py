@@ -143,6 +143,18 @@ class SassFunction:
         return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
                                             for o in hot)]
 
+    def outer_loops(self) -> list[Loop]:
+        """The loops not inside another loop."""
+        loops = self.loops()
+        return [lp for lp in loops if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
+                                              for o in loops)]
+
+    def main_loop(self) -> Loop | None:
+        """The outermost loop with the most work: the most instructions it spans (inner loops
+        counted once), ties to the first. Unlike ``hot_loops`` it needs no HMMA: a kernel built
+        without tensor cores (Triton's FMA dot on sm_70) has its main loop in FFMA and loads."""
+        return max(self.outer_loops(), key=lambda lp: len(lp.instrs), default=None)
+
     def inner_loops(self, outer: Loop) -> list[Loop]:
         """The loops directly inside ``outer`` (not inside another loop inside it)."""
         inside = [lp for lp in self.loops() if outer.start <= lp.start and lp.end <= outer.end

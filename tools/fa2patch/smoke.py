@@ -20,7 +20,8 @@ import json, torch
 info = {"cuda": torch.cuda.is_available()}
 if info["cuda"]:
     p = torch.cuda.get_device_properties(0)
-    info.update(name=p.name, capability=f"sm_{p.major}{p.minor}")
+    info.update(name=p.name, capability=f"sm_{p.major}{p.minor}", sms=p.multi_processor_count,
+                torch=torch.__version__, cuda_version=torch.version.cuda)
 print(json.dumps(info))
 """
 

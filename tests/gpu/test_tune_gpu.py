@@ -1,0 +1,102 @@
+"""`fa2patch tune` on a GPU (the lab: H200 with the SM70 kernels forced; skipped without a GPU).
+
+A tiny grid (6/1 heads of 256, chunks of 1024, prompts up to 4096) writes a profile that
+`tune --check` accepts for this GPU and this extension; where the extension reads routing profiles
+(FA2PATCH_ROUTING_PROFILE), route_stats() shows the profile in use and every measured point's call
+takes the route the profile decided for it.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = {"architectures": ["TinyForCausalLM"], "num_attention_heads": 6, "num_key_value_heads": 1,
+          "head_dim": 256, "hidden_size": 1536, "max_position_embeddings": 4096}
+
+CALLS = r"""
+import json, os, sys, torch
+torch.ops.load_library(sys.argv[1])
+ops = torch.ops._vllm_fa2_C
+hq, hkv, d = 6, 1, 256
+seen = []
+for sq, sk in json.loads(sys.argv[2]):
+    q = torch.randn(sq, hq, d, dtype=torch.float16, device="cuda")
+    k = torch.randn(sk, hkv, d, dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+    cu_q = torch.tensor([0, sq], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, sk], dtype=torch.int32, device="cuda")
+    before = json.loads(ops.route_stats()).get("devices", {}).get("0", {}).get("routes", {})
+    ops.varlen_fwd(q, k, v, out, cu_q, cu_k, None, None, None, None, sq, sk, 0.0, d ** -0.5, False, True,
+                   -1, -1, 0.0, False, 0, None)
+    torch.cuda.synchronize()
+    after = json.loads(ops.route_stats()).get("devices", {}).get("0", {}).get("routes", {})
+    seen.append({k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)})
+stats = json.loads(ops.route_stats())
+print(json.dumps({"routes": seen, "profile": stats.get("profile", "absent"), "stats": stats}))
+"""
+
+
+def fa2patch(*args):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True, cwd=REPO, env=env)
+
+
+@pytest.fixture(scope="module")
+def tuned(gpu_build, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tune")
+    config = folder / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    path = folder / "profile.json"
+    proc = fa2patch("tune", "--model-config", str(config), "--tp", "1", "--max-num-batched-tokens", "1024",
+                    "--max-model-len", "4096", "--warmup", "1", "--reps", "3", "--splits", "2",
+                    "--artifact", str(gpu_build), "--out", str(path), "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout), json.loads(path.read_text()), path
+
+
+def test_tune_writes_a_profile_for_this_gpu_and_extension(gpu_build, tuned):
+    import torch
+
+    result, doc, path = tuned
+    p = torch.cuda.get_device_properties(0)
+    assert doc["device"] == {"name": p.name, "sms": p.multi_processor_count, "capability": [p.major, p.minor]}
+    assert doc["extension_sha256"] == hashlib.sha256(gpu_build.read_bytes()).hexdigest()
+    if (p.major, p.minor) != (7, 0):
+        assert "not V100 timings" in doc["software"]["notes"]
+    points = {(r["q"], r["kv"]) for r in doc["measured"]}
+    assert points == {(1024, 1024), (1024, 2048), (1024, 3072), (1024, 4096)}
+    for q, kv in points:
+        routes = {r["name"] for r in doc["measured"] if (r["q"], r["kv"]) == (q, kv) and r.get("times_ms")}
+        assert {"sm70-dense", "sm70-gqa-prefill"} <= routes, (q, kv, routes)
+        # every measured point has exactly one decision, the first match
+        matches = [d for d in doc["decisions"] if d["q"][0] <= q < d["q"][1] and d["kv"][0] <= kv < d["kv"][1]]
+        assert matches and matches[0]["group"] == 6 and matches[0]["head_dim"] == 256
+    assert not result["numerics_failures"], result["numerics_failures"]
+    proc = fa2patch("tune", "--check", str(path), "--artifact", str(gpu_build), "--this-gpu", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["checked"] == ["format", "extension sha256", "device"]
+
+
+def test_the_extension_follows_the_tuned_profile(gpu_build, tuned):
+    _, doc, path = tuned
+    points = sorted({(r["q"], r["kv"]) for r in doc["measured"]})
+    env = {**os.environ, "FA2PATCH_FORCE_SM70": "1", "FA2PATCH_ROUTING_PROFILE": str(path)}
+    env.pop("VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL", None)
+    proc = subprocess.run([sys.executable, "-c", CALLS, str(gpu_build), json.dumps(points)], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if got["profile"] == "absent":
+        pytest.skip("this extension does not read routing profiles (route_stats() has no 'profile')")
+    assert got["profile"]["status"] == "in use" and got["profile"]["path"] == str(path), got["profile"]
+    assert got["profile"]["decisions"] == len(doc["decisions"])
+    for (q, kv), counted in zip(points, got["routes"]):
+        d = next(d for d in doc["decisions"] if d["q"][0] <= q < d["q"][1] and d["kv"][0] <= kv < d["kv"][1])
+        expected = "sm70-dense-splitkv" if d.get("splits", 1) > 1 else d["route"]
+        assert counted == {expected: 1}, (q, kv, d, counted)
