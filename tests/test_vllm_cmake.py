@@ -102,7 +102,10 @@ def lab_dry_run(vllm_src, real_project, real_workspace, tmp_path_factory):
     return json.loads(summary.read_text()), proc.stderr
 
 
-def test_vllms_cmake_configures_the_lab_build_with_nvcc_and_the_flags_hold(lab_dry_run):
+def test_vllms_cmake_configures_the_lab_build_with_nvcc_and_the_flags_hold(lab_dry_run, real_workspace):
+    from fa2patch.build import BuildDescription
+
+    desc = BuildDescription.load(real_workspace)
     result, log = lab_dry_run
     assert result["ok"] and result["problems"] == [] and "installed" not in result
     # vLLM's arch list from TORCH_CUDA_ARCH_LIST, filtered by its supported list (CUDA 13).
@@ -116,9 +119,9 @@ def test_vllms_cmake_configures_the_lab_build_with_nvcc_and_the_flags_hold(lab_d
                  "-g"):  # RelWithDebInfo, setup.py's default build type
         assert flag in hdim64, flag
     assert any(w.startswith("-Xcompiler=-ffile-prefix-map=") and w.endswith("=python-include") for w in hdim64)
-    assert len(nvcc) == 7
+    assert len(nvcc) == len(desc.arch("sm_90").cuda_sources)
     host = [c for c in cmds if "-c" in c and c[c.index("-c") + 1].endswith(".cpp")]
-    assert len(host) == 8 and all("-std=c++20" in c for c in host)
+    assert len(host) == len(desc.host_sources) and all("-std=c++20" in c for c in host)
     link = next(c for c in cmds if "-shared" in c)
     # The shared CUDA runtime torch loads, not CMake's default static copy (CUDA_RUNTIME_LIBRARY).
     assert "-lcudart_static" not in link and "-lcudart" in link
