@@ -11,6 +11,12 @@
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
 # LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
 # .lab/vllm-src.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
+# LAB_VLLM_CMAKE=1 builds the extension through vLLM's own CMake instead of `fa2patch build`: the
+# `fa2patch package --vllm-src` tree, vLLM's real vllm_flash_attn.cmake under the FA2 part of its
+# top-level CMakeLists.txt (from .lab/vllm-src.tar.gz), nvcc for sm_90 (TORCH_CUDA_ARCH_LIST=9.0),
+# installed as vLLM's setup.py installs it (tools/fa2patch/vllm_cmake.py); `fa2patch verify
+# --artifact` checks the installed file, and build/sm_90 then holds it for smoke, tests/gpu and
+# LAB_VLLM. Needs cmake >= 3.26; $out/vllm-cmake.json holds the nvcc commands and their check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/lab-out}
@@ -34,9 +40,20 @@ if [ "${LAB_REUSE_BUILD:-0}" = 1 ] && [ -f build/sm_90/manifest.json ]; then
 else
     f fetch "${sdist[@]}" || exit 2
     f replay --workspace work/lab --force || exit 1
-    f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
-    rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
-    f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    if [ "${LAB_VLLM_CMAKE:-0}" = 1 ]; then
+        [ -n "${CUDA_HOME:-}" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || export CUDA_HOME=/usr/local/cuda
+        echo "[lab] vLLM's CMake builds the --vllm-src tree for sm_90 (nvcc)"
+        python3 -m fa2patch.vllm_cmake lab --workspace work/lab --vllm-archive "${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src.tar.gz}" \
+            --work work/vllm-cmake --arch sm_90 --lab-build-dir build/sm_90 --python "$(command -v python3)" \
+            --summary "$out/vllm-cmake.json" >"$out/build.log" 2>&1
+        rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
+        f verify --arch sm_90 --artifact work/vllm-cmake/install/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so \
+            --workspace work/lab 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    else
+        f build --arch sm_90 --cuda-compiler nvcc --workspace work/lab >"$out/build.log" 2>&1
+        rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1
+        f verify --arch sm_90 2>&1 | tee "$out/verify.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    fi
     f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then

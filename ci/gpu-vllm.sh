@@ -2,8 +2,9 @@
 # vLLM's own FA2 kernel test on the GPU lab, through vLLM's real flash_attn_interface.py.
 #
 #   bash ci/gpu-vllm.sh prepare     here, with network: writes .lab/vllm-src.tar.gz (the tested
-#                                   vLLM release's Python sources, its FA2 kernel test; ~10 MB) and
-#                                   .lab/numpy-*.whl (vLLM's test helpers import numpy)
+#                                   vLLM release's Python sources, its FA2 kernel test, and the CMake
+#                                   files LAB_VLLM_CMAKE=1 builds with; ~10 MB) and .lab/numpy-*.whl
+#                                   (vLLM's test helpers import numpy)
 #   LAB_VLLM=1 bash ci/gpu-lab.sh   on the lab: after the lab build, runs `bash ci/gpu-vllm.sh run`
 #   bash ci/gpu-vllm.sh collect     anywhere: the same set-up, then only collects the cases (the
 #                                   CPU test of this script)
@@ -32,7 +33,8 @@ from pathlib import Path
 from fa2patch.package import extract_vllm_sources
 from fa2patch.project import Project
 with tempfile.TemporaryDirectory() as tmp:
-    src = extract_vllm_sources(Project.find(), Path(tmp), ("tests/kernels/attention/test_flash_attn.py",))
+    src = extract_vllm_sources(Project.find(), Path(tmp), ("tests/kernels/attention/test_flash_attn.py",
+                               "CMakeLists.txt", "cmake/utils.cmake", "cmake/external_projects/vllm_flash_attn.cmake"))
     with tarfile.open(sys.argv[1], "w:gz") as tar:
         tar.add(src, arcname=src.name)
 print(f"[vllm] {sys.argv[1]}: {Path(sys.argv[1]).stat().st_size / 2**20:.1f} MiB ({src.name})")

@@ -1,5 +1,7 @@
 import hashlib
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -78,3 +80,17 @@ def built_sm70(real_project, real_workspace) -> Path:
     result = json.loads(proc.stdout)
     assert result["ok"] and result["manifest"]["arch"] == "sm_70"
     return real_project.root / "build" / "sm_70"
+
+
+@pytest.fixture(scope="session")
+def vllm_src(real_project, tmp_path_factory):
+    """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
+    code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
+            "from fa2patch.package import extract_vllm_sources; "
+            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
+            "('CMakeLists.txt', 'cmake/utils.cmake', 'cmake/external_projects/vllm_flash_attn.cmake', "
+            "'tests/kernels/attention/test_flash_attn.py')))")
+    dest = tmp_path_factory.mktemp("vllm")
+    out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
+                         capture_output=True, text=True, check=True).stdout
+    return Path(out.strip().splitlines()[-1])

@@ -119,6 +119,24 @@ def test_nvcc_that_cannot_target_sm70_is_named(real_workspace, real_project, tmp
     assert proc.returncode == 2 and "CUDA 13.0 cannot target sm_70" in proc.stderr
 
 
+def test_the_nvcc_route_compiles_as_cxx20_like_the_clang_route(real_workspace, tmp_path, monkeypatch):
+    """A CUDA 12.6 nvcc (a stand-in that answers --version and --list-gpu-arch): host and CUDA
+    sources get -std=c++20, as on the clang route."""
+    from fa2patch import build
+    from helpers import locked_toolchain
+
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 12.6, V12.6.85';;"
+                    " --list-gpu-arch) echo compute_70 compute_75 compute_90;; esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("FA2PATCH_NVCC", str(fake))
+    desc = build.BuildDescription.load(real_workspace)
+    p = build.plan(desc, "sm_70", real_workspace, tmp_path / "b", "nvcc", locked_toolchain())
+    assert p.compiler.kind == "nvcc" and p.compiler.version == "12.6"
+    assert "-std=c++20" in p.cxx_flags and "-std=c++20" in p.cuda_flags
+    assert "-gencode=arch=compute_70,code=sm_70" in p.cuda_flags
+
+
 def test_build_without_workspace_is_an_environment_error(mini):
     proc = mini.run("build", check_rc=2)
     assert "workspace not found" in proc.stderr

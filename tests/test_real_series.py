@@ -42,6 +42,10 @@ def test_sm70_build_writes_extension_and_manifest(built_sm70, real_project):
     assert manifest["source_matches_lock"] is True
     assert manifest["arch"] == "sm_70" and manifest["compiler"]["kind"] in ("clang", "nvcc")
     assert manifest["torch"]["version"].startswith(lock["toolchain"]["torch"])
+    # C++20 for every torch (torch >= 2.10's headers require it), host and CUDA sources alike.
+    assert manifest["cxx_standard"] == "c++20" and manifest["check_only"] is None
+    assert "-std=c++20" in manifest["commands"]["cxx"] and "-std=c++20" in manifest["commands"]["cuda"]
+    assert not [f for f in manifest["commands"]["cxx"] + manifest["commands"]["cuda"] if f.startswith("-std=c++1")]
     if manifest["compiler"]["kind"] == "clang":
         assert manifest["ptxas_version"].startswith("12.8")
         assert "-D__CUDACC_VER_MAJOR__=12" in manifest["commands"]["cuda"]

@@ -74,3 +74,20 @@ def test_a_private_cpython_symbol_is_refused(tmp_path):
     failed = failing_rows(so)
     assert set(failed) == {"python abi"}
     assert "_Py_Dealloc" in failed["python abi"] and "PyModule_Create2" not in failed["python abi"]
+
+
+def test_machine_folders_name_a_venv_not_the_system_prefix_of_its_interpreter(tmp_path):
+    """A venv of the system's Python: its own folder ties an artifact to this machine, /usr (which
+    -g builds name everywhere: /usr/include) does not."""
+    from pathlib import Path
+
+    from fa2patch.verify import machine_folders
+
+    system = Path("/usr/bin/python3")
+    if not system.exists():
+        pytest.skip("no /usr/bin/python3")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.symlink_to(system)
+    folders = machine_folders(python=str(python))
+    assert tmp_path / "venv" in folders and Path("/usr") not in folders

@@ -50,19 +50,6 @@ def built(real_project, real_workspace):
     return real_project.root / "build" / "sm_70"
 
 
-@pytest.fixture(scope="module")
-def vllm_src(real_project, tmp_path_factory):
-    """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
-    code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
-            "from fa2patch.package import extract_vllm_sources; "
-            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
-            "('cmake/external_projects/vllm_flash_attn.cmake', 'tests/kernels/attention/test_flash_attn.py')))")
-    dest = tmp_path_factory.mktemp("vllm")
-    out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
-                         capture_output=True, text=True, check=True).stdout
-    return Path(out.strip().splitlines()[-1])
-
-
 def make_venv(path: Path, wheel: Path) -> Path:
     """A fresh venv that reuses this environment's torch (a .pth file) with ``wheel`` installed."""
     venv.EnvBuilder(with_pip=False).create(path)
@@ -129,6 +116,7 @@ def test_wheel_record_contents_and_tags(wheel, built):
         assert "Root-Is-Purelib: false" in zf.read(f"{info}/WHEEL").decode()
         record_json = json.loads(zf.read("fa2patch_vllm/build.json"))
         assert record_json["bundles_extension"] is True
+        assert record_json["cxx_standard"] == "c++20" == manifest["cxx_standard"]
         assert record_json["torch"]["version"] == torch_version
         assert record_json["extension_sha256"] == hashlib.sha256(
             (built / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest()
@@ -227,50 +215,37 @@ def vllm_src_package(built, real_project, tmp_path_factory):
     return Path(out["vllm_src"]), Path(out["wheel"]), out
 
 
-VLLM_LIKE = """cmake_minimum_required(VERSION 3.22)
-# Stands in for vLLM's top-level CMakeLists.txt (which needs nvcc, torch's CMake package and all of
-# vLLM's kernels): the FA2 part is vLLM's real file, included the way vLLM includes it, last.
-project(vllm_extensions LANGUAGES CXX)
-include(FetchContent)
-set(VLLM_GPU_LANG "CUDA_VIA_CLANG")  # not "CUDA": the CUDA arch list block needs nvcc's CMake
-include("${VLLM_CMAKE}/external_projects/vllm_flash_attn.cmake")
-"""
-
-
 @pytest.fixture(scope="module")
 def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
-    """The tree built and installed by vLLM's real vllm_flash_attn.cmake, as setup.py does it."""
+    """The tree built and installed by vLLM's real vllm_flash_attn.cmake, as setup.py does it
+    (fa2patch.vllm_cmake, clang route: a stand-in top level, vLLM's needs nvcc). No build type:
+    setup.py's RelWithDebInfo adds -g, and this build must be byte-identical to fa2patch build's."""
     tree, _, _ = vllm_src_package
-    from fa2patch import toolchain
+    from fa2patch import toolchain, vllm_cmake
 
     root = tmp_path_factory.mktemp("vllm-cmake")
     pins = locked_toolchain()
-    cuda = toolchain.assemble_cuda_path(root / "cuda", pins)
-    (root / "project").mkdir()
-    (root / "project" / "CMakeLists.txt").write_text(VLLM_LIKE)
-    build, prefix = root / "build", vllm_src.parent / "installed"
+    prefix = vllm_src.parent / "installed"
     shutil.copytree(vllm_src, prefix, dirs_exist_ok=True)
-    launcher = [f"-DCMAKE_CXX_COMPILER_LAUNCHER={toolchain.find_ccache()}"] if toolchain.find_ccache() else []
-    env = {**os.environ, "VLLM_FLASH_ATTN_SRC_DIR": str(tree)}
-    steps = [["cmake", "-S", str(root / "project"), "-B", str(build), "-G", "Ninja",
-              f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}", f"-DCMAKE_CXX_COMPILER={toolchain.find_clang(pins.clang)}",
-              *launcher, f"-DVLLM_CMAKE={vllm_src / 'cmake'}", f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
-              f"-DFA2PATCH_CUDA_PATH={cuda}"],
-             # setup.py's build_extensions: one build of every extension target, then one install
-             # per component into the folder above the package.
-             ["cmake", "--build", str(build), "-j", "2", "--target", "_vllm_fa2_C", "--target", "_vllm_fa3_C"]]
-    steps += [["cmake", "--install", str(build), "--prefix", str(prefix), "--component", c]
-              for c in ("_vllm_fa2_C", "_vllm_fa3_C", "_vllm_fa4_cutedsl_C")]
-    for step in steps:
-        proc = subprocess.run(step, env=env, capture_output=True, text=True)
-        assert proc.returncode == 0, (step, proc.stdout[-4000:], proc.stderr[-4000:])
+    run = vllm_cmake.Run(vllm_src, tree, root, prefix, "clang", sys.executable, build_type="", jobs=2,
+                         clang=toolchain.find_clang(pins.clang),
+                         cuda_path=toolchain.assemble_cuda_path(root / "cuda", pins))
+    log = []
+    try:
+        vllm_cmake.configure(run, log.append)
+        vllm_cmake.build_and_install(run, log.append)
+    except Exception:
+        print("\n".join(log)[-6000:])
+        raise
     return prefix
 
 
 def test_vllm_src_tree_is_what_vllm_cmake_expects(vllm_src_package):
     tree, plugin_wheel, out = vllm_src_package
-    assert out["source_matches_lock"] is True
+    assert out["source_matches_lock"] is True and out["cxx_standard"] == "c++20"
     assert (tree / "CMakeLists.txt").is_file() and (tree / "fa2patch-build.toml").is_file()
+    cmake = (tree / "CMakeLists.txt").read_text()
+    assert "CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON" in cmake and "CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON" in cmake
     assert sorted(p.relative_to(tree).as_posix() for p in (tree / "vllm_flash_attn").rglob("*.py")) == \
         ["vllm_flash_attn/layers/rotary.py", "vllm_flash_attn/ops/triton/rotary.py"]
     assert "from vllm.vllm_flash_attn.ops.triton.rotary import" in \
@@ -371,8 +346,10 @@ def fake_python(tmp_path, version, cuda, archs) -> Path:
 
 
 @pytest.mark.parametrize("version, cuda, archs, expected", [
-    ("2.12.0+cu128", "12.8", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
-     ["torch 2.12.0+cu128", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120"]),
+    ("2.14.0+cu130", "13.0", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+     ["torch 2.14.0+cu130", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+      # the hint names what works for vLLM 0.33, and the check-only mode
+      "vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it", "--allow-torch-without-sm70"]),
     ("2.9.1+cpu", None, "", ["torch 2.9.1+cpu", "is a CPU build"]),
     ("2.11.0+cu130", "13.0", "sm_70 sm_80 sm_90", ["CUDA major version mismatch", "actual:   13.0"]),
 ])
@@ -383,6 +360,58 @@ def test_build_refuses_a_torch_that_cannot_serve_sm70(real_project, real_workspa
     proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), check_rc=2)
     assert all(e in proc.stderr for e in expected), proc.stderr
     assert str(python) in proc.stderr or "CUDA major" in proc.stderr
+
+
+def test_a_cpu_torch_is_refused_even_for_a_check_only_build(real_project, real_workspace, tmp_path):
+    """No libtorch_cuda to link: nothing to check."""
+    require_toolchain()
+    python = fake_python(tmp_path, "2.14.0+cpu", None, "")
+    proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), "--allow-torch-without-sm70",
+                            check_rc=2)
+    assert "torch 2.14.0+cpu" in proc.stderr and "is a CPU build" in proc.stderr
+
+
+def torch_without_sm70(tmp_path) -> Path:
+    """This environment's torch (headers, libraries, CUDA 12.8), made to report the arch list of a
+    torch without sm_70 (as the package index's 2.14.0 does): a wrapper whose sitecustomize
+    replaces the one fact."""
+    site = tmp_path / "no-sm70"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\ntorch._C._cuda_getArchFlags = lambda: 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'\n")
+    wrapper = tmp_path / "python-no-sm70"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_check_only_build_is_built_verified_and_refused_by_package(built, real_project, tmp_path):
+    """--allow-torch-without-sm70: the same build (same bytes) against a torch that cannot run it,
+    recorded as check-only; verify loads it with that torch and says so; package refuses it with
+    the manifest, the expected and the actual build."""
+    real_project.run("build", "--arch", "sm_70")  # a refused build removes the manifest before it
+    normal = json.loads((built / "manifest.json").read_text())
+    python = torch_without_sm70(tmp_path)
+    try:
+        out = json.loads(real_project.run("build", "--arch", "sm_70", "--python", str(python),
+                                          "--allow-torch-without-sm70", "--json").stdout)
+        manifest = out["manifest"]
+        assert manifest["check_only"] == {
+            "why": [f"torch {normal['torch']['version']} carries no sm_70 code (arch list: sm_75 sm_80 sm_86 "
+                    "sm_90 sm_100 sm_120)"],
+            "preload": []}  # same CUDA major: torch's own libcudart serves it
+        assert manifest["artifact"]["sha256"] == normal["artifact"]["sha256"]
+        rows = {r["name"]: r for r in json.loads(real_project.run("verify", "--arch", "sm_70", "--json").stdout)["rows"]}
+        assert all(r["ok"] for r in rows.values())
+        assert f"({python}); check-only build, not for packaging: torch" in rows["torch"]["detail"]
+        assert rows["import"]["ok"] and rows["varlen_fwd"]["ok"]
+        proc = real_project.run("package", "--arch", "sm_70", "--out", str(tmp_path / "dist"), check_rc=1)
+        assert f"{built / 'manifest.json'}: a check-only build is not packaged" in proc.stderr
+        assert "expected: a build against a torch that runs sm_70" in proc.stderr
+        assert f"actual:   a build against torch {normal['torch']['version']} ({python}): " in proc.stderr
+        assert not (tmp_path / "dist").exists()
+    finally:
+        real_project.run("build", "--arch", "sm_70")
 
 
 def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(built, wheel_python,
@@ -396,7 +425,7 @@ def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(b
         assert manifest["torch"]["arch_list"][0] == "sm_70"
         code = ("import json,sys; from pathlib import Path; from fa2patch import verify; "
                 "calls=[]; real=verify.probe_extension; "
-                "verify.probe_extension=lambda a,s,p: calls.append(p) or real(a,s,p); "
+                "verify.probe_extension=lambda a,s,p,*r: calls.append(p) or real(a,s,p,*r); "
                 "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "
                 "print(json.dumps({'calls':calls,'ok':all(r.ok for r in rows)}))")
         out = subprocess.run([sys.executable, "-c", code, str(built), str(real_project.root / "schemas" /

@@ -108,7 +108,11 @@ def _q(args) -> str:
     return " ".join(shlex.quote(str(a)) for a in args)
 
 
-BASE_FLAGS = ["-std=c++17", "-O3", "-fPIC"]
+# C++20 for every torch: torch >= 2.10's headers require it ("C++20 or later compatible compiler
+# is required to use ATen"), and the sources build cleanly as C++20 against 2.9.1 too (measured:
+# docs/packaging.md), so one standard serves every supported torch, clang and nvcc alike.
+CXX_STANDARD = "c++20"
+BASE_FLAGS = [f"-std={CXX_STANDARD}", "-O3", "-fPIC"]
 TORCH_LIBS = ["c10", "c10_cuda", "torch", "torch_cpu", "torch_cuda"]
 
 
@@ -135,31 +139,46 @@ def nvcc_cuda_flags(arch: str) -> list[str]:
             "--expt-relaxed-constexpr", "--expt-extended-lambda"]
 
 
-def prefix_maps(tree: Path, site_packages: Path, build_dir: Path) -> list[str]:
-    """Map the workspace, torch's site-packages and the build folder away (header paths end up in
-    the binary through __FILE__), so that the artifact does not depend on where it was built."""
+def prefix_maps(tree: Path, site_packages: Path, build_dir: Path, python_include: str) -> list[str]:
+    """Map the workspace, torch's site-packages, the build folder and Python's headers away (header
+    paths end up in the binary through __FILE__, and through the debug info where -g is on), so
+    that the artifact does not depend on where it was built."""
     return [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
-            f"-ffile-prefix-map={build_dir}=build"]
+            f"-ffile-prefix-map={build_dir}=build", f"-ffile-prefix-map={python_include}=python-include"]
 
 
-def torch_for_build(python: str, arch: str) -> dict:
-    """torch of ``python``, refused when its own kernels cannot run on ``arch`` (a V100 build of
-    vLLM needs a torch that still carries sm_70: the extension must load in that process)."""
+# What `fa2patch build --python` says when a torch cannot run the build (README: "V100 with vLLM
+# 0.33, from zero").
+TORCH_HINT = ("  (vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it, which carries sm_70;\n"
+              "   other torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8, from 2.11 the CUDA 12.6 ones.\n"
+              "   To only check that fa2patch builds and loads with this torch, nothing to package:\n"
+              "   --allow-torch-without-sm70)")
+
+
+def torch_for_build(python: str, arch: str, check_only: bool = False) -> tuple[dict, list[str]]:
+    """torch of ``python``, and why the result could not run with it (empty for a torch that can).
+
+    A V100 build of vLLM needs a torch that still carries sm_70 (the extension must load and run
+    in that process): any other is refused, unless ``check_only`` (--allow-torch-without-sm70),
+    where the reasons are returned and recorded, and `package` refuses the result."""
     torch = toolchain.torch_info(python)
     if not torch:
         raise EnvironmentProblem(f"{python}: cannot import torch with this interpreter\n  install: "
                                  f"{toolchain.PIP_BUILD}")
     if not torch.get("cuda"):
         raise EnvironmentProblem(f"torch {torch['version']} ({python}) is a CPU build: "
-                                 f"it cannot run {arch} kernels")
+                                 f"it cannot run {arch} kernels (and has no libtorch_cuda to link)")
+    reasons = []
     if not toolchain.torch_runs_arch(torch, arch):
-        raise EnvironmentProblem(
-            f"torch {torch['version']} ({python}) carries no {arch} code\n"
-            f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
-            f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}\n"
-            "  (torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8; from 2.11 the CUDA 12.6 ones)")
+        message = (f"torch {torch['version']} ({python}) carries no {arch} code\n"
+                   f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
+                   f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}")
+        if not check_only:
+            raise EnvironmentProblem(message + "\n" + TORCH_HINT)
+        reasons.append(f"torch {torch['version']} carries no {arch} code (arch list: "
+                       f"{' '.join(torch['arch_list']) or 'empty'})")
     # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
-    return {**torch, "python": str(python)}
+    return {**torch, "python": str(python)}, reasons
 
 
 @dataclass
@@ -174,24 +193,31 @@ class Plan:
     link_flags: list[str]
     ptxas: Path | None
     torch: dict = field(default_factory=dict)  # the torch built against (toolchain.torch_info)
+    # A build that cannot run with that torch (--allow-torch-without-sm70): why, and the CUDA
+    # runtime verify preloads to load it there; None for a build that can.
+    check_only: dict | None = None
 
 
 def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
-         pins: Toolchain, python: str = sys.executable) -> Plan:
-    torch = torch_for_build(python, arch)
+         pins: Toolchain, python: str = sys.executable, check_only: bool = False) -> Plan:
+    torch, reasons = torch_for_build(python, arch, check_only)
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
     comp = toolchain.choose_compiler(compiler_choice, arch, build_dir, pins)
     cuda = pins.cuda if comp.kind == "clang" else comp.version
-    if cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]:
+    other_cuda = cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]
+    if other_cuda and not check_only:
         raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({python})",
                                           f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
                                           torch["cuda"]) + "\n  (the extension and torch must share libcudart)")
+    if other_cuda:
+        reasons.append(f"torch {torch['version']} uses CUDA {torch['cuda']}, the build CUDA {cuda} "
+                       f"(libcudart.so.{cuda.split('.')[0]})")
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir)
+    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir, torch["python_include"])
     common = [*BASE_FLAGS, *maps, *flags, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]
@@ -202,6 +228,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
         ptxas = comp.cuda_path / "bin" / "ptxas"
+        cudart = comp.cuda_path / "lib64" / "libcudart.so"
     else:
         host = comp.host_cxx
         if host is None:
@@ -209,13 +236,18 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         cuda_home = comp.path.parent.parent
         cxx = [*launcher, str(host)]
         cxx_flags = [*common, "-isystem", str(cuda_home / "include")]
-        cuda_flags = ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in maps),
+        cuda_flags = [f"-std={CXX_STANDARD}", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in maps),
                       *flags, *includes, *nvcc_cuda_flags(arch), f"-ccbin={host}"]
         link = [str(host)]
         link_flags = ["-shared", *libs, f"-L{cuda_home / 'lib64'}", "-lcudart"]
         ptxas = comp.path.parent / "ptxas"
+        cudart = cuda_home / "lib64" / "libcudart.so"
+    check = None
+    if check_only and reasons:
+        # The CUDA runtime the extension links, loaded by verify before it (torch brings another).
+        check = {"why": reasons, "preload": [str(cudart.resolve())] if other_cuda else []}
     return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags,
-                ptxas, torch)
+                ptxas, torch, check)
 
 
 def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
@@ -274,9 +306,10 @@ def _ninja_path(p: Path) -> str:
 
 def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choice: str = "auto",
           jobs: int | None = None, expected_digest: str | None = None, echo=print,
-          python: str = sys.executable) -> dict:
+          python: str = sys.executable, check_only: bool = False) -> dict:
     """Compile the extension against the torch of ``python``; return the manifest. The
-    compiler's and ninja's output go to stderr (stdout stays free for the command's result)."""
+    compiler's and ninja's output go to stderr (stdout stays free for the command's result).
+    ``check_only``: accept a torch that cannot run the result (recorded; `package` refuses it)."""
     start = time.monotonic()
     tree = Path(tree).resolve()
     if not tree.is_dir():
@@ -286,10 +319,13 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
     build_dir.mkdir(parents=True, exist_ok=True)
     # A failed build must not leave the previous manifest describing a new, half-built tree.
     (build_dir / "manifest.json").unlink(missing_ok=True)
-    p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python)
+    p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python, check_only)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
-         f"{p.torch['version']} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} CUDA sources)")
+         f"{p.torch['version']}, {CXX_STANDARD} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} "
+         "CUDA sources)")
+    if p.check_only:
+        echo("check-only build (--allow-torch-without-sm70), not for packaging: " + "; ".join(p.check_only["why"]))
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
     proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
@@ -313,12 +349,15 @@ def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_dig
         "lab": spec.lab,
         "compiler": {"kind": p.compiler.kind, "path": str(p.compiler.path),
                      "version": p.compiler.version},
+        "cxx_standard": CXX_STANDARD,
         "ptxas_version": toolchain.ptxas_version(p.ptxas) if p.ptxas and p.ptxas.exists() else "",
         "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags,
                      "link": p.link + p.link_flags},
         # The torch this build is for: verify loads it with that interpreter, package records it.
         "torch": {k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python",
                                            "python_version")},
+        # Not None: this torch cannot run the build (why), built only to check it; package refuses it.
+        "check_only": p.check_only,
         "source_tree_digest": digest,
         "source_matches_lock": digest == expected_digest if expected_digest else None,
         "build_description_sha256": sha256_file(desc.path),

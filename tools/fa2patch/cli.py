@@ -153,11 +153,19 @@ def check(ctx, workspace, as_json):
 
 
 @cli.command()
+@click.option("--vllm", "vllm_python", type=click.Path(dir_okay=False, exists=True), default=None,
+              metavar="PYTHON", help="instead: check that interpreter's environment for the vLLM path (vLLM and "
+                                     "the torch it pins, their sm_70 code, nvcc, the fa2patch plugin) and print "
+                                     "the next command or why it cannot work (exit 1 unless ready)")
 @json_option
 @pass_ctx
-def doctor(ctx, as_json):
+def doctor(ctx, vllm_python, as_json):
     """List the tools the build needs against the lock's pins: what is present, what is missing
-    and how to install it. Fails (exit 2) when a required one is missing; optional ones warn."""
+    and how to install it. Fails (exit 2) when a required one is missing; optional ones warn.
+    With --vllm PYTHON: is that vLLM environment ready for FlashAttention-2 on a V100, and if not,
+    the exact next command or the exact reason it cannot work."""
+    if vllm_python:
+        return _doctor_vllm(ctx, vllm_python, as_json)
     from .toolchain import doctor as do_doctor
 
     items = do_doctor(ctx.lock().toolchain)
@@ -173,32 +181,59 @@ def doctor(ctx, as_json):
     return 0 if result["ok"] else EXIT_USAGE
 
 
+def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
+    from .package import vllm_release
+    from .vllm_doctor import diagnose
+
+    result = diagnose(python, ctx.project.root, vllm_release(ctx.project))
+
+    def text():
+        lines = [_table([[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]]
+                         for c in result["checks"]], ["check", "status", "detail"]), ""]
+        if result["verdict"] == "ready":
+            lines.append("ready: " + result["ready"])
+        elif result["verdict"] == "next":
+            lines.append("next: " + result["next"])
+        else:
+            lines += ["cannot work: " + result["reason"], "instead: " + result["instead"]]
+        return "\n".join(lines)
+
+    return _finish(as_json, result, text)
+
+
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
 @click.option("--cuda-compiler", type=click.Choice(["auto", "nvcc", "clang"]), default="auto",
               show_default=True, help="auto: nvcc if it can target --arch, else clang-22 + wheels")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="parallel compile jobs [default: CPUs]")
+@click.option("--allow-torch-without-sm70", "check_only", is_flag=True,
+              help="build and verify against a torch that cannot run the result (no code for --arch, or "
+                   "another CUDA major, e.g. the package index's torch 2.14.0+cu130): a check that the sources "
+                   "build and load with it; recorded in the manifest, and `package` refuses the build")
 @python_option
 @workspace_option
 @json_option
 @pass_ctx
-def build(ctx, arch, cuda_compiler, jobs, python, workspace, as_json):
+def build(ctx, arch, cuda_compiler, jobs, check_only, python, workspace, as_json):
     """Compile `_vllm_fa2_C` from the workspace for one architecture; write manifest.json.
 
     With --python, build against the torch of another environment (headers, C++ ABI flag and
-    CUDA version read from that interpreter; a torch without code for --arch is refused)."""
+    CUDA version read from that interpreter; a torch without code for --arch is refused unless
+    --allow-torch-without-sm70). The sources are compiled as C++20 (torch >= 2.10 requires it)."""
     from .build import build as do_build
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
     manifest = do_build(ws, arch, out, lock.toolchain, cuda_compiler, jobs, expected_digest=lock.final_digest(),
-                        echo=lambda m: click.echo(m, err=as_json), python=python or sys.executable)
+                        echo=lambda m: click.echo(m, err=as_json), python=python or sys.executable,
+                        check_only=check_only)
     if manifest["source_matches_lock"] is False:
         click.echo("warning: the workspace tree differs from the lock (uncommitted or unexported "
                    "work); this build is not the locked series", err=True)
     return _finish(as_json, {"ok": True, "build_dir": str(out), "manifest": manifest},
                    lambda: f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
-                           f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s")
+                           f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s"
+                           + (" (check-only: not for packaging)" if manifest["check_only"] else ""))
 
 
 @cli.command()
@@ -272,6 +307,7 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
     if vllm_src is None:
         from .verify import verify as do_verify
 
+        pk.packageable(p, arch)  # a lab or check-only build is refused before anything runs
         _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None,
                             (p.root, ctx.workspace(workspace)))
         result = {"wheel": str(pk.wheel(p, arch, out, rows))}

@@ -86,22 +86,37 @@ def platform_tag() -> str:
     return re.sub(r"[-.]", "_", sysconfig.get_platform())
 
 
-def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list) -> Path:
-    """The extension of build/<arch> (already verified: ``verified_rows``) with the plugin."""
+def packageable(project: Project, arch: str) -> tuple[dict, Path]:
+    """The manifest and extension of build/<arch>, refused when it is not for a vLLM install: a lab
+    build, or a check-only build against a torch that cannot run it (--allow-torch-without-sm70)."""
     from .verify import load_manifest
 
+    manifest, artifact = load_manifest(project.build_dir(arch))
+    if manifest.get("lab"):
+        raise CheckFailed(f"{project.build_dir(arch)}: a lab build ({arch}) is not for vLLM installs")
+    if manifest.get("check_only"):
+        torch = manifest["torch"]
+        raise CheckFailed(
+            f"{project.build_dir(arch) / 'manifest.json'}: a check-only build is not packaged (that torch "
+            f"cannot run it)\n  expected: a build against a torch that runs {arch} (fa2patch build --python "
+            f"PY, without --allow-torch-without-sm70)\n  actual:   a build against torch {torch['version']} "
+            f"({torch['python']}): " + "; ".join(manifest["check_only"]["why"]))
+    return manifest, artifact
+
+
+def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list) -> Path:
+    """The extension of build/<arch> (already verified: ``verified_rows``) with the plugin."""
+    manifest, artifact = packageable(project, arch)
     failed = [r for r in verified_rows if not r.ok]
     if failed:
         raise CheckFailed(f"{project.build_dir(arch)}: verify failed, nothing packaged:\n  "
                           + "\n  ".join(f"{r.name}: {r.detail.splitlines()[0]}" for r in failed))
-    manifest, artifact = load_manifest(project.build_dir(arch))
-    if manifest.get("lab"):
-        raise CheckFailed(f"{project.build_dir(arch)}: a lab build ({arch}) is not for vLLM installs")
     torch = manifest["torch"]
     record = {
         "bundles_extension": True, "fa2patch": __version__, "arch": arch,
         "torch": {k: torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python_version")},
         "extension_sha256": manifest["artifact"]["sha256"], "compiler": manifest["compiler"]["kind"],
+        "cxx_standard": manifest["cxx_standard"],
         "source_tree_digest": manifest["source_tree_digest"],
         "source_matches_lock": manifest["source_matches_lock"],
     }
@@ -140,8 +155,9 @@ def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str, cud
         "INCLUDE_DIRS": _cmake_list(desc.include_dirs),
         "SYSTEM_INCLUDE_DIRS": _cmake_list(desc.system_include_dirs),
         "DEFINES": _cmake_list(build.defines(desc, arch)),
-        # -std and -fPIC come from CMake's CXX_STANDARD and its module libraries.
+        # -std and -fPIC come from CMake's CXX_STANDARD/CUDA_STANDARD and its module libraries.
         "OPT_FLAGS": _cmake_list([f for f in build.BASE_FLAGS if not f.startswith(("-std=", "-fPIC"))]),
+        "CXX_STANDARD": build.CXX_STANDARD.removeprefix("c++"),
         "CLANG_CUDA_FLAGS": _cmake_list([f for f in build.clang_cuda_flags(arch, Path(), cuda_release)
                                          if not f.startswith("--cuda-path=")]),
         "NVCC_FLAGS": _cmake_list(build.nvcc_cuda_flags(arch)),
@@ -197,7 +213,8 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
         shutil.copy(Path(__file__).with_name("torch_query.py"), staging / "cmake" / "torch_query.py")
         (staging / "CMakeLists.txt").write_text(cmake_lists(project, desc, arch, lock.toolchain.cuda))
         digest = git_tree_digest(repo, "HEAD")
-        record = {"fa2patch": __version__, "arch": arch, "source_tree_digest": digest,
+        record = {"fa2patch": __version__, "arch": arch, "cxx_standard": build.CXX_STANDARD,
+                  "source_tree_digest": digest,
                   "source_matches_lock": digest == lock.final_digest(), "paths": paths}
         (staging / "fa2patch-vllm-src.json").write_text(json.dumps(record, indent=1) + "\n")
         if dest.exists():

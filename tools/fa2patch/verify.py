@@ -26,8 +26,10 @@ from .digest import sha256_file
 from .errors import CheckFailed, EnvironmentProblem, mismatch
 
 SCHEMA_PROBE = r"""
-import json, sys, torch
-lib, ns, expected = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+import ctypes, importlib.machinery, importlib.util, json, sys, torch
+lib, ns, expected, preload = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+for path in preload:  # a check-only build's own CUDA runtime (another major than torch's)
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 torch.ops.load_library(lib)
 names = sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
                if n.startswith(ns + "::"))
@@ -42,7 +44,16 @@ for n, text in expected.items():
     except RuntimeError as exc:
         norm[n] = "UNPARSEABLE: " + str(exc).splitlines()[0]
 info = json.loads(getattr(torch.ops, ns).build_info()) if "build_info" in actual else {}
-print(json.dumps({"actual": actual, "expected": norm, "build_info": info}))
+# vLLM imports the extension as a Python module (`from . import _vllm_fa2_C`): PyInit_<name>.
+name = lib.rsplit("/", 1)[-1].split(".")[0]
+try:
+    loader = importlib.machinery.ExtensionFileLoader(name, lib)
+    loader.exec_module(importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader)))
+    imported = None
+except Exception as exc:
+    imported = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"actual": actual, "expected": norm, "build_info": info, "module": name,
+                  "import_error": imported, "torch": torch.__version__}))
 """
 
 
@@ -76,12 +87,15 @@ def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
     return data["namespace"], dict(data["ops"])
 
 
-def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable) -> dict:
+def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable,
+                    preload: list[str] = ()) -> dict:
     """Load the extension with torch in a subprocess: its operators' schemas, the expected ones
-    parsed by the same torch, and its build_info(); {"error": ...} if it does not load."""
+    parsed by the same torch, its build_info(), whether it imports as a Python module, and the
+    torch version; {"error": ...} if it does not load. ``preload``: shared libraries loaded first
+    (a check-only build's CUDA runtime)."""
     ns, expected = load_expected_schemas(schemas_path)
-    proc = subprocess.run([python, "-c", SCHEMA_PROBE, str(artifact), ns, json.dumps(expected)],
-                          capture_output=True, text=True)
+    proc = subprocess.run([python, "-c", SCHEMA_PROBE, str(artifact), ns, json.dumps(expected),
+                           json.dumps(list(preload))], capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-2000:]}
     return {"namespace": ns, **json.loads(proc.stdout.strip().splitlines()[-1])}
@@ -92,6 +106,20 @@ def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
     kernel entries are parts of demangled names."""
     return {sass.name_part_glob(k["kernel"]): (k["threads"], k["dynamic_smem"])
             for k in build_info.get("kernels", [])}
+
+
+def check_load(artifact: Path, manifest: dict, python: str, got: dict) -> list[Row]:
+    """Which torch loaded it, and whether it imports as the Python module vLLM imports."""
+    if "error" in got:
+        return []
+    check = manifest.get("check_only")
+    rows = [Row("link", "torch", True, f"loaded with torch {got['torch']} ({python})" + (
+        f"; check-only build, not for packaging: {'; '.join(check['why'])}" if check else ""))]
+    ok = got["import_error"] is None
+    rows.append(Row("link", "import", ok, f"imports as the Python module {got['module']} (vLLM's "
+                    f"`from . import {got['module']}`)" if ok else
+                    f"{artifact}: does not import as a Python module: {got['import_error']}"))
+    return rows
 
 
 def check_schemas(artifact: Path, schemas_path: Path, got: dict) -> list[Row]:
@@ -263,11 +291,20 @@ def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     return rows
 
 
+# Prefixes every Linux machine has: a Python installed there is no folder of *this* machine, and
+# an artifact built with -g names /usr/include and /usr/local/cuda wherever it is built.
+SYSTEM_PREFIXES = ("/", "/usr", "/usr/local")
+
+
 def machine_folders(*extra: Path, python: str | None = None) -> list[Path]:
     """Folders whose names would tie an artifact to this machine."""
     folders = [Path.home(), *extra]
     if python:
-        folders.append(Path(python).resolve().parents[1])  # the environment's prefix
+        # The environment's prefix (a venv's own folder) and its base interpreter's, unless that is
+        # the system's (a venv of /usr/bin/python3).
+        for prefix in (Path(python).absolute().parents[1], Path(python).resolve().parents[1]):
+            if str(prefix) not in SYSTEM_PREFIXES and prefix not in folders:
+                folders.append(prefix)
         torch = toolchain.torch_info(python)
         if torch:
             folders.append(Path(torch["site_packages"]))
@@ -288,8 +325,9 @@ def verify(build_dir: Path, schemas_path: Path, budgets_path: Path, python: str 
 
 def verify_artifact(artifact: Path, manifest: dict, schemas_path: Path, budgets_path: Path,
                     python: str, folders: list[Path]) -> list[Row]:
-    got = probe_extension(artifact, schemas_path, python)
-    return (check_hygiene(artifact, folders) + check_schemas(artifact, schemas_path, got)
+    got = probe_extension(artifact, schemas_path, python, (manifest.get("check_only") or {}).get("preload", []))
+    return (check_hygiene(artifact, folders) + check_load(artifact, manifest, python, got)
+            + check_schemas(artifact, schemas_path, got)
             + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {}))))
 
 
