@@ -39,8 +39,10 @@ The spec (every key optional except ``seqlens``; defaults in ``DEFAULTS``):
   extra_blocks   extra (unused, zero) columns in block_table, like vLLM's padded tables
   vllm_cache     paged only: k and v are views of vLLM's (num_blocks, hkv, page_size, 2 d) cache
                  holding the same values (prefill_cases.vllm_views)
-  prefill_splits N > 0: the router's test hook _routing_prefill_splits_for_testing(N): every call
-                 that split-KV can take (max_seqlen_q >= 2, keys) runs the exact route with N splits
+  prefill_splits N > 0 (default 1): the router's test hook _routing_prefill_splits_for_testing(N):
+                 every call that split-KV can take (max_seqlen_q >= 2, keys) runs the exact route
+                 with N splits; 1 keeps the numerics families on the unsplit exact kernel whatever
+                 the built-in rule would pick (split-KV, long-prefill); 0: the router decides
 
 Output (numerics): max_abs, rel_l2 (whole output), rel_l2_worst_seq, bar (FA2's, of the worst
 sequence), ratio (max over sequences of max_abs / bar), lse_max_err, finite, guard_ok (no write
@@ -69,7 +71,7 @@ DEFAULTS = {
     "strided": False, "poison": False, "repeats": 1, "seed": 0, "ref_dtype": "float32",
     "ref_chunk_elems": 1 << 28, "lse_tol": numerics.LSE_ABS_MAX, "expect_error": False, "bad_block_table": None,
     "bad_cu_seqlens_q": None, "bad_cu_seqlens_k": None, "bad_seqused_k": None, "misaligned": None,
-    "vllm_cache": False, "prefill_splits": 0,
+    "vllm_cache": False, "prefill_splits": 1,
 }
 GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
@@ -439,7 +441,7 @@ def main(argv) -> int:
     else:
         torch.ops.load_library(artifact)
         op, device = torch.ops._vllm_fa2_C.varlen_fwd, "cuda"
-        if spec["prefill_splits"]:
+        if spec["prefill_splits"] and hasattr(torch.ops._vllm_fa2_C, "_routing_prefill_splits_for_testing"):
             torch.ops._vllm_fa2_C._routing_prefill_splits_for_testing(int(spec["prefill_splits"]))
     t0 = time.perf_counter()
     inputs = build_inputs(spec, device)

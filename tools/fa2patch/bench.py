@@ -25,7 +25,7 @@ from pathlib import Path
 from . import __version__, gpu_clocks, numerics
 from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
-from .smoke import GPU_PROBE, _python_json, _route, require_build_info
+from .smoke import GPU_PROBE, _python_json, _route, pin_route, require_build_info
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
 
@@ -147,7 +147,8 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
         r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
-                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"]}),
+                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"],
+                                     "pin_splits": known[route].get("pin_splits")}),
                          env=known[route].get("env"))
         if "error" not in r:
             r.update(judge(r["numerics"]))
@@ -250,6 +251,7 @@ def worker() -> None:
     ops = torch.ops._vllm_fa2_C
     name = spec.get("op", "varlen_fwd")
     op = getattr(ops, name)
+    pin_route(ops, spec)
     if name != "varlen_fwd" and not spec["causal"]:
         raise ValueError(f"{name} computes causal attention only; the shape is not causal")
     torch.manual_seed(0)

@@ -95,10 +95,22 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
     return results
 
 
+# The routing test hook that pins varlen_fwd to the exact route with this many splits (patch 0004).
+PIN_SPLITS_HOOK = "_routing_prefill_splits_for_testing"
+
+
 def _route(entry) -> dict:
+    """A build_info route: a name reached through varlen_fwd (the exact route, pinned to itself with
+    ``pin_splits`` 1, unsplit, whatever the router would choose), or an object naming its own op."""
     if isinstance(entry, str):
-        return {"name": entry, "op": "varlen_fwd", "env": {"FA2PATCH_FORCE_SM70": "1"}}
+        return {"name": entry, "op": "varlen_fwd", "env": {"FA2PATCH_FORCE_SM70": "1"}, "pin_splits": 1}
     return entry
+
+
+def pin_route(ops, route: dict) -> None:
+    """Subprocess side: pin varlen_fwd to the route (see ``_route``) where the build has the hook."""
+    if route.get("pin_splits") and hasattr(ops, PIN_SPLITS_HOOK):
+        getattr(ops, PIN_SPLITS_HOOK)(route["pin_splits"])
 
 
 def probe_route() -> None:
@@ -110,6 +122,7 @@ def probe_route() -> None:
     artifact, route = sys.argv[1], json.loads(sys.argv[2])
     torch.ops.load_library(artifact)
     op = getattr(torch.ops._vllm_fa2_C, route["op"])
+    pin_route(torch.ops._vllm_fa2_C, route)
     prefill = route["op"] == "gqa_prefill_fwd"
     torch.manual_seed(0)
     cases = []
