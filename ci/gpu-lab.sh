@@ -7,7 +7,10 @@
 #   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
-# tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
+# tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), LAB_TEST_PATHS replaces tests/gpu
+# (files in the order they should run), LAB_PYTEST_TIMEOUT=S interrupts pytest after S seconds (the
+# tests that finished are still reported: a run that must fit one device call),
+# FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
 # LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
 # .lab/vllm-src.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
@@ -57,8 +60,9 @@ else
     f smoke --arch sm_90 2>&1 | tee "$out/smoke.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then
+    limit=(); [ -n "${LAB_PYTEST_TIMEOUT:-}" ] && limit=(timeout -s INT "$LAB_PYTEST_TIMEOUT")
     FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
-        python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} tests/gpu \
+        "${limit[@]}" python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} ${LAB_TEST_PATHS:-tests/gpu} \
         --junitxml "$out/gpu-junit.xml" || status=1
 fi
 if [ "${LAB_SANITIZE:-0}" = 1 ]; then
