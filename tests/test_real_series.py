@@ -347,3 +347,20 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
     assert [k["head_dim"] for k in dense] == cpp_head_dims(real_workspace)
     sass_dims = sorted(int(m.group(1)) for name in built if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))
     assert sass_dims == cpp_head_dims(real_workspace)
+
+
+def test_route_names_are_written_once_in_each_language(real_workspace):
+    """fa2patch.routes (Python) spells each route as route_names.h (C++) does, and the C++ sources
+    write no route name outside that header (comments aside)."""
+    import re
+
+    from fa2patch import routes
+
+    fa2patch_dir = real_workspace / "csrc/flash_attn/fa2patch"
+    header = (fa2patch_dir / "route_names.h").read_text()
+    cpp = dict(re.findall(r"constexpr const char \*(k\w+Route) = \"([^\"]+)\";", header))
+    assert cpp == {"kDenseRoute": routes.EXACT, "kGqaPrefillRoute": routes.GQA, "kDenseSplitKvRoute": routes.SPLITKV}
+    names = re.compile("|".join(re.escape(f'"{n}"') for n in cpp.values()))
+    elsewhere = [str(p.relative_to(real_workspace)) for p in fa2patch_dir.rglob("*")
+                 if p.suffix in (".h", ".cuh", ".cpp", ".cu") and p.name != "route_names.h" and names.search(re.sub(r"//.*", "", p.read_text()))]
+    assert elsewhere == []

@@ -7,7 +7,8 @@ import pytest
 
 from fa2patch.bench import Shape
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.report import GQA_ROUTE, gqa_launches, gqa_plan, gqa_steps, predict_routes, route_geometry
+from fa2patch.routes import GQA as GQA_ROUTE
+from fa2patch.report import gqa_launches, gqa_plan, gqa_steps, predict_routes, route_geometry
 from fa2patch.v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_v100, lower_bound
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")

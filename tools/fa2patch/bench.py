@@ -25,6 +25,7 @@ from pathlib import Path
 from . import __version__, gpu_clocks, numerics
 from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
+from .routes import EXACT
 from .smoke import GPU_PROBE, _python_json, _route, pin_route, require_build_info
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
@@ -135,7 +136,7 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     """``routes``: one or two route names; None: sm70-dense and the first other route."""
     info = require_build_info(artifact)
     known = {r["name"]: r for r in map(_route, info.get("routes", []))}
-    routes = routes or ["sm70-dense"] + [n for n in known if n != "sm70-dense"][:1]
+    routes = routes or [EXACT] + [n for n in known if n != EXACT][:1]
     unknown = [r for r in routes if r not in known]
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "

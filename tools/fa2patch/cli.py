@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, routes
 from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, Fa2PatchError
 from .lockfile import Lock
 from .project import Project
@@ -347,7 +347,7 @@ def smoke(ctx, archs, as_json):
               help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
                    "[default: the extension's build_info()]")
 @click.option("--shapes", default=None, metavar="SPEC",
-              help="also estimate the sm70-dense route's time and TFLOP/s on V100 for these shapes "
+              help=f"also estimate the {routes.EXACT} route's time and TFLOP/s on V100 for these shapes "
                    "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,b=batch]; a:b:step sweeps; "
                    "';' separates groups) [default: no prediction]")
 @click.option("--sms", type=click.Choice(["80", "72"]), default="80", show_default=True,
@@ -356,7 +356,7 @@ def smoke(ctx, archs, as_json):
               help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
                    "of it and the sustained clock under tensor load")
 @click.option("--splits", default="2,3,4", show_default=True,
-              help="with --shapes, also the exact route with split-KV (sm70-dense-splitkv) at each of these split "
+              help=f"with --shapes, also the exact route with split-KV ({routes.SPLITKV}) at each of these split "
                    "counts on prefill shapes (q >= 2); empty: none")
 @click.option("--anchors", "anchor_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="a bench JSON file from a V100 (`fa2patch bench --json-file`): its cases join the calibration "
@@ -411,7 +411,7 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
 @cli.command()
 @click.option("--arch", default=None, help="the build to time [default: the one for this GPU]")
 @click.option("--routes", default=None, metavar="A[,B]",
-              help="routes to compare [default: sm70-dense, and the first other registered route]")
+              help=f"routes to compare [default: {routes.EXACT}, and the first other registered route]")
 @click.option("--shapes", default=None, metavar="SPEC",
               help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..]; a:b:step sweeps; ';' "
                    "separates groups [default: Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, "

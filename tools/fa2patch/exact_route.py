@@ -25,8 +25,6 @@ from .bench import Shape
 from .errors import EnvironmentProblem
 from .v100model import Card, KernelLaunch, LoopMix, fa2_grid_iterations
 
-ROUTE = "sm70-dense"
-SPLIT_ROUTE = "sm70-dense-splitkv"
 COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
 # splitkv_combine_sm70.cu: one warp merges one output row (rows per CTA = threads / 32), each
 # lane two columns of every 64 (its column loop runs ceil(d / 64) times).

@@ -36,18 +36,17 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from . import phases, sass, toolchain
+from . import phases, routes, sass, toolchain
 from .bench import Shape, useful_flops
 from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of
 from .calibration import faster_if_separated, header_text, range_text, with_range
-from .exact_route import (COMBINE_KERNEL, ROUTE, SPLIT_ROUTE, cheapest_hot_loop, combine_row,  # noqa: F401
+from .exact_route import (COMBINE_KERNEL, cheapest_hot_loop, combine_row,  # noqa: F401
                           dense_launches, dense_plan, fa2_num_splits, splitkv_launches)
 from .v100model import (Calibration, Card, CtaKind, KernelLaunch, LoopMix, access_passes, binding, calibrate,
                         estimate_route, load_v100, lower_bound, peak_tflops)
 
-GQA_ROUTE = "sm70-gqa-prefill"
 GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
 GQA_BLOCK_PLAN = ("min_block_keys", "max_block_keys", "score_budget_bytes")
 CATEGORIES = {
@@ -244,7 +243,7 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
             "threads_per_block": threads, "shared_bytes": shared}
 
 
-def route_geometry(build_info: dict, artifact: Path, route: str = ROUTE) -> list[dict]:
+def route_geometry(build_info: dict, artifact: Path, route: str = routes.EXACT) -> list[dict]:
     """A route's kernels with their geometry, from build_info()["kernels"]; an error naming what
     is missing when the build does not declare it (report never guesses). The long-prefill
     route's kernel also declares its tiles (qk, pv) and its block plan's constants."""
@@ -259,7 +258,7 @@ def route_geometry(build_info: dict, artifact: Path, route: str = ROUTE) -> list
             f"(rebuild from a patch series whose build_info() exports the kernel geometry)")
     for k in kernels:
         missing = [f for f in GEOMETRY if not isinstance(k.get(f), int)]
-        if route == GQA_ROUTE:
+        if route == routes.GQA:
             kinds = {t.get("kind"): t for t in k.get("tiles", [])}
             missing += [f"tiles[{kind}].{f}" for kind in ("qk", "pv") for f in
                         ("rows_per_cta", "keys_per_iteration", "head_dims_per_iteration")
@@ -305,7 +304,7 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         occ = occupancy(r.registers, r.shared + dynamic, threads, v100) if r and threads else None
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
         geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
-        copy = copy_bytes_per_thread(geo) if geo and geo["route"] == ROUTE else None
+        copy = copy_bytes_per_thread(geo) if geo and geo["route"] == routes.EXACT else None
         cta_w = -(-threads // (32 * v100["subpartitions_per_sm"])) if threads else w   # one CTA's warps per scheduler
         hot = [loop_row(f, lp, v100, w, copy, cta_w) for lp in f.hot_loops()]
         outside = None
@@ -463,12 +462,12 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
 
 def dense_kernel(shape: Shape, kernels: list[dict], artifact: Path) -> dict:
     """The sm70-dense kernel for the shape's head dim (the smallest head_dim >= d)."""
-    route = [k for k in kernels if (k.get("geometry") or {}).get("route") == ROUTE]
+    route = [k for k in kernels if (k.get("geometry") or {}).get("route") == routes.EXACT]
     kernel = next((k for k in sorted(route, key=lambda k: k["geometry"]["head_dim"])
                    if k["geometry"]["head_dim"] >= shape.d), None)
     if kernel is None or shape.d % 8:
         dims = [k["geometry"]["head_dim"] for k in route]
-        raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {ROUTE} for head dims "
+        raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {routes.EXACT} for head dims "
                                  f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})")
     return kernel
 
@@ -477,7 +476,7 @@ def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibrati
     """The sm70-dense route on ``card`` for ``shape``. ``kernels``: report rows (with geometry)."""
     kernel = dense_kernel(shape, kernels, artifact)
     launches, plan = dense_launches(shape, kernel, card)
-    return prediction(shape, ROUTE, kernel, plan, launches, card, v100, calibration)
+    return prediction(shape, routes.EXACT, kernel, plan, launches, card, v100, calibration)
 
 
 def predict_split(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path,
@@ -490,17 +489,17 @@ def predict_split(shape: Shape, kernels: list[dict], card: Card, v100: dict, cal
         return None
     kernel = dense_kernel(shape, kernels, artifact)
     launches, plan = splitkv_launches(shape, kernel, combine, splits)
-    return prediction(shape, SPLIT_ROUTE, kernel, plan, launches, card, v100, calibration)
+    return prediction(shape, routes.SPLITKV, kernel, plan, launches, card, v100, calibration)
 
 
 def predict_gqa(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
     """The sm70-gqa-prefill route on ``card`` for ``shape``, or None where the build has no such
     kernel or the op does not take the shape."""
-    kernel = next((k for k in kernels if (k.get("geometry") or {}).get("route") == GQA_ROUTE), None)
+    kernel = next((k for k in kernels if (k.get("geometry") or {}).get("route") == routes.GQA), None)
     if kernel is None or not gqa_eligible(shape, kernel["geometry"]):
         return None
     launches, plan = gqa_launches(shape, kernel)
-    p = prediction(shape, GQA_ROUTE, kernel, plan, launches, card, v100, calibration)
+    p = prediction(shape, routes.GQA, kernel, plan, launches, card, v100, calibration)
     return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_loops(kernel).items()}}
 
 
@@ -546,10 +545,10 @@ def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calib
 def route_launches(shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path) -> list[KernelLaunch]:
     """The launches of ``route`` (sm70-dense or sm70-gqa-prefill) for a shape on a card: what a
     user's bench case measured (user_anchors.py)."""
-    if route == ROUTE:
+    if route == routes.EXACT:
         return dense_launches(shape, dense_kernel(shape, rows, artifact), card)[0]
-    kernel = next((k for k in rows if (k.get("geometry") or {}).get("route") == GQA_ROUTE), None)
-    if route == GQA_ROUTE and kernel is not None and gqa_eligible(shape, kernel["geometry"]):
+    kernel = next((k for k in rows if (k.get("geometry") or {}).get("route") == routes.GQA), None)
+    if route == routes.GQA and kernel is not None and gqa_eligible(shape, kernel["geometry"]):
         return gqa_launches(shape, kernel)[0]
     raise EnvironmentProblem(f"{artifact}: no model of route {route!r} for {shape.label}")
 
@@ -567,9 +566,9 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
     if "error" in info and (shapes or anchors or not launch):
         raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {info['error']}")
     declared = {k.get("route") for k in info.get("kernels", [])}
-    geometry = route_geometry(info, artifact) if shapes or anchors or ROUTE in declared else None
-    if geometry is not None and GQA_ROUTE in declared:
-        geometry += route_geometry(info, artifact, GQA_ROUTE)
+    geometry = route_geometry(info, artifact) if shapes or anchors or routes.EXACT in declared else None
+    if geometry is not None and routes.GQA in declared:
+        geometry += route_geometry(info, artifact, routes.GQA)
     launch = launch or launches_of(info)
     rows = kernel_rows(artifact, arch, launch, geometry)
     out = {"arch": arch, "kernels": rows}
@@ -645,7 +644,7 @@ def _limits(p: dict) -> str:
     """What limits the route: per hot loop its binding pipe; per launch compute or HBM (the
     dense route: "compute" for the first launch, "<kernel> hbm" for the others)."""
     launches = p["launches"]
-    if p["route"] == GQA_ROUTE:
+    if p["route"] == routes.GQA:
         loops = ", ".join(f"{name} {pipe}" for name, pipe in p["binding_per_loop"].items())
         return f"{loops}; hbm binds {p['hbm_limited_launches']} of {len(launches)} launches"
     return ", ".join(x["limited_by"] if i == 0 else f"{x['name'].split('(')[0].split('::')[-1]} {x['limited_by']}"

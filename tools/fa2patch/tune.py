@@ -42,6 +42,7 @@ from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics, profile
 from .errors import EnvironmentProblem, Fa2PatchError
+from .routes import EXACT, GQA, SPLITKV
 from .tune_plan import RankHeads, grid_points
 
 ENV_EXACT = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
@@ -67,10 +68,10 @@ class Plan:
     def routes_at(self, q: int, kv: int, gqa: dict | None) -> list[tuple[str, int]]:
         """(route, splits) to run at a point: the exact route, split-KV, and the long-prefill op
         where it takes the call (its head dim, whole groups of at most max_group, KV >= Q)."""
-        routes = [(profile.EXACT, 1)] + [(profile.EXACT, s) for s in self.splits]
+        routes = [(EXACT, 1)] + [(EXACT, s) for s in self.splits]
         h = self.heads
         if gqa and h.d == gqa["head_dim"] and h.hq % h.hkv == 0 and h.group <= gqa["max_group"] and kv >= q:
-            routes.append((profile.GQA, 1))
+            routes.append((GQA, 1))
         return routes
 
 
@@ -94,13 +95,13 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card, tuple(plan.splits))["predictions"]
     except Fa2PatchError as exc:
         return {"available": False, "note": f"no estimate: {exc}"}
-    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == profile.SPLITKV else 1):
+    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == SPLITKV else 1):
               p["calibrated_ms"] for p in predictions}
     calls = plan.warmup + plan.reps + 1
     total, per_route, stand_in = 0.0, {}, set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
     for shape, (q, kv) in zip(shapes, plan.points):
-        dense = by_key[(shape.label, profile.EXACT, 1)]
+        dense = by_key[(shape.label, EXACT, 1)]
         for route, splits in plan.routes_at(q, kv, gqa):
             name = profile.table_route(route, splits)
             ms = by_key.get((shape.label, name, splits))
@@ -153,7 +154,7 @@ def measured_rows(plan: Plan, points: list[dict]) -> list[dict]:
     h = plan.heads
     rows = []
     for p in points:
-        exact = next((r for r in p["rows"] if r["route"] == profile.EXACT and r["splits"] == 1), None)
+        exact = next((r for r in p["rows"] if r["route"] == EXACT and r["splits"] == 1), None)
         for r in p["rows"]:
             row = {"q": p["q"], "kv": p["kv"], "hq": h.hq, "hkv": h.hkv, "group": h.group, "head_dim": h.d,
                    "route": r["route"], "splits": r["splits"], "name": profile.table_route(r["route"], r["splits"]),
@@ -201,7 +202,7 @@ def render(result: dict) -> str:
     the winner) and the decisions."""
     names = []
     for r in result["measured"]:
-        if r["name"] != profile.EXACT and (r["name"], r["splits"]) not in names:
+        if r["name"] != EXACT and (r["name"], r["splits"]) not in names:
             names.append((r["name"], r["splits"]))
     by_point: dict[tuple, dict] = {}
     for r in result["measured"]:
@@ -209,7 +210,7 @@ def render(result: dict) -> str:
     header = ["Q", "KV", "exact ms"] + [f"{n}{' x' + str(s) if s > 1 else ''} / exact" for n, s in names] + ["SM MHz"]
     rows = []
     for (q, kv), per in by_point.items():
-        exact = per.get((profile.EXACT, 1), {})
+        exact = per.get((EXACT, 1), {})
         cells = [q, kv, f"{exact['median_ms']:.3f}" if "median_ms" in exact else exact.get("error", "-")[:30]]
         for key in names:
             r = per.get(key)
@@ -268,7 +269,7 @@ def run_route(ops, route: str, splits: int, call, events=None) -> None:
     """Force ``route`` (with ``splits``) for one launch of ``call`` (a ``Call``); with ``events``
     (start, end CUDA events) record them around the launch only. The one place that knows how."""
     hook = None
-    if route == profile.GQA:
+    if route == GQA:
         launch = call.gqa
     else:
         os.environ[ENV_EXACT] = "0"
@@ -340,7 +341,7 @@ def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list,
             after = _route_counts(ops, device)
             counted = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
             expected = profile.table_route(route, splits)
-            if route != profile.GQA and counted and expected not in counted:
+            if route != GQA and counted and expected not in counted:
                 raise RouteNotForced(f"route_stats() counted {counted}, not {expected}")
             live.append(key)
         except Exception as exc:  # an op that refuses the call, an OOM, a route the build lacks
@@ -360,7 +361,7 @@ def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list,
         call.out = torch.full_like(call.q, float("nan"))
         run_route(ops, key[0], key[1], call)
         torch.cuda.synchronize()
-        if key == (profile.EXACT, 1):
+        if key == (EXACT, 1):
             exact = call.out
         rows[key]["numerics"] = _compare(torch, call.out, exact)
         rows[key]["ok"] = rows[key]["numerics"]["ok"]
@@ -395,9 +396,9 @@ def worker() -> None:
     info = json.loads(ops.build_info())
     stats = json.loads(ops.route_stats())
     h = spec["heads"]
-    dense = sorted((k for k in info.get("kernels", []) if k.get("route") == profile.EXACT
+    dense = sorted((k for k in info.get("kernels", []) if k.get("route") == EXACT
                     and k.get("head_dim", 0) >= h["d"]), key=lambda k: k["head_dim"])
-    gqa_kernel = next((k for k in info.get("kernels", []) if k.get("route") == profile.GQA), None)
+    gqa_kernel = next((k for k in info.get("kernels", []) if k.get("route") == GQA), None)
     gqa = {"head_dim": gqa_kernel["head_dim"], "max_group": stats.get("long_prefill", {}).get("max_group", 16)} \
         if gqa_kernel and hasattr(ops, "gqa_prefill_fwd") else None
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -433,7 +434,7 @@ def describe_plan(plan: Plan, model, tp: int) -> str:
              f"chunked prefill: chunks of {plan.chunk} tokens, KV up to {plan.max_model_len}; "
              f"{len(plan.points)} grid points:"]
     lines += [f"  Q={q}: KV {', '.join(map(str, kvs))}" for q, kvs in by_q.items()]
-    lines.append(f"routes: sm70-dense, sm70-dense-splitkv x {', '.join(map(str, plan.splits))}, and sm70-gqa-prefill "
+    lines.append(f"routes: {EXACT}, {SPLITKV} x {', '.join(map(str, plan.splits))}, and {GQA} "
                  f"where its op takes the call; {plan.warmup} warm-up calls, {plan.reps} timed rounds")
     return "\n".join(lines)
 
