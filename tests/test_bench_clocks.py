@@ -10,6 +10,7 @@ import pytest
 
 from fa2patch import bench, gpu_clocks
 from fa2patch.errors import EnvironmentProblem
+from fa2patch.shapes import Shape
 
 # NVML's clocks-event reason bits, copied by hand from nvml.h's documentation
 # ("NvmlClocksEventReasons"), independent of gpu_clocks.REASONS.
@@ -190,7 +191,7 @@ def test_merge_summaries():
 
 def _result(is_v100=True, throttled=True):
     clocks = gpu_clocks.summarize([_sample(1312, 0x4 if throttled else 0), _sample(1267, 0x0, power=299.0)], 0.01)
-    shape = bench.Shape(4096, 32768, 6, 1, 256, True, 1 / 16)
+    shape = Shape(4096, 32768, 6, 1, 256, True, 1 / 16)
     rows = []
     for route, ms in (("sm70-dense", 12.0), ("sm70-gqa-prefill", 11.0)):
         rows.append({"route": route, "shape": vars(shape).copy(), "label": shape.label, "median_ms": ms,

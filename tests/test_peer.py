@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa2patch import peer, peer_compile, report, sass
-from fa2patch.bench import Shape
+from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, load_data, load_v100
 
 DATA = load_data(peer.DATA)

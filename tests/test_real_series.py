@@ -195,7 +195,7 @@ def test_long_prefill_plan_op_agrees_with_reports_walk(built_sm70):
     report.gqa_plan / gqa_steps, an independent Python walk of the same launches from build_info()'s
     geometry: per shape the block size, blocks and packed rows, and per launch every CTA's kind and
     main-loop iterations in blockIdx order. Two implementations written apart must agree."""
-    from fa2patch.bench import Shape
+    from fa2patch.shapes import Shape
     from fa2patch.report import gqa_plan, gqa_steps
 
     code = r"""

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.bench import Shape
+from fa2patch.shapes import Shape
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.routes import GQA as GQA_ROUTE
 from fa2patch.report import gqa_launches, gqa_plan, gqa_steps, predict_routes, route_geometry

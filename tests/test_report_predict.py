@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.bench import Shape, parse_shapes
+from fa2patch.shapes import Shape, parse_shapes
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import dense_plan, fa2_num_splits, predict, route_geometry
 from fa2patch.v100model import Card, LoopMix, load_v100

@@ -207,7 +207,7 @@ def test_real_split_kv_route(built_sm70):
     (no HMMA; its code outside the loop too); a split prediction is the forward kernel with
     splits x the unsplit CTAs and the same key blocks, then one combine launch of one warp per
     output row; its verdicts follow its ranges."""
-    from fa2patch.bench import Shape
+    from fa2patch.shapes import Shape
     from fa2patch.calibration import calibrate
     from fa2patch.report import predict_routes
     from fa2patch.v100model import Card, load_v100
@@ -244,7 +244,7 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     a file from another GPU is refused naming it."""
     from dataclasses import asdict
 
-    from fa2patch.bench import Shape
+    from fa2patch.shapes import Shape
     from fa2patch.report import route_launches
     from fa2patch.v100model import Calibration, Card, estimate_route, load_v100
 

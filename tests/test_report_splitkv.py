@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fa2patch import exact_route as x
-from fa2patch.bench import Shape, parse_shapes, useful_flops
+from fa2patch.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import predict_routes
 from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100

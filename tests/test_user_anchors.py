@@ -11,7 +11,7 @@ import pytest
 
 from fa2patch import calibration as c
 from fa2patch import user_anchors as u
-from fa2patch.bench import Shape
+from fa2patch.shapes import Shape
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import route_launches
 from fa2patch.v100model import Calibration, Card, LoopMix, estimate_route, load_v100

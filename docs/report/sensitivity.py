@@ -8,7 +8,7 @@ import copy, json, sys
 from pathlib import Path
 from fa2patch import report, calibration as c, sass, phases
 from fa2patch import v100model as m
-from fa2patch.bench import parse_shapes
+from fa2patch.shapes import parse_shapes
 from fa2patch.smoke import load_build_info
 from fa2patch.verify import launches_of
 

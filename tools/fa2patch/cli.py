@@ -372,7 +372,7 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
     their residuals)."""
-    from .bench import parse_shapes
+    from .shapes import parse_shapes
     from .report import render
     from .report import report as do_report
     from .v100model import Card
@@ -431,9 +431,10 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     timed case; on an SM70 card, report's calibrated estimate beside each time."""
     from . import bench as b
     from .digest import sha256_file
+    from .shapes import parse_shapes
     from .verify import load_manifest
 
-    shape_list = b.parse_shapes(shapes or b.DEFAULT_SHAPES)
+    shape_list = parse_shapes(shapes or b.DEFAULT_SHAPES)
     gpu = b.gpu_or_nothing()
     arch = arch or gpu["capability"]
     build_dir = ctx.project.build_dir(arch)

@@ -21,7 +21,7 @@
 import math
 
 from . import sass
-from .bench import Shape
+from .shapes import Shape
 from .errors import EnvironmentProblem
 from .v100model import Card, KernelLaunch, LoopMix, fa2_grid_iterations
 

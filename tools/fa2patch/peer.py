@@ -36,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import peer_compile, report, sass, toolchain
-from .bench import Shape
+from .shapes import Shape
 from .errors import EnvironmentProblem
 from .v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_data, load_v100, lower_bound
 
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
             write(extract(args.python, work, args.vllm_src), args.out)
         print(args.out)
         return 0
-    from .bench import parse_shapes
+    from .shapes import parse_shapes
 
     data = tomllib.loads(args.data.read_text()) if args.data else None
     for shape in parse_shapes(args.shapes):

@@ -37,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import phases, routes, sass, toolchain
-from .bench import Shape, useful_flops
+from .shapes import Shape, useful_flops
 from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of

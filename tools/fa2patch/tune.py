@@ -84,7 +84,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     route report does not estimate for the point (a build without the split-KV combine, a
     long-prefill call report does not take) is charged the exact route's time, and the note says so."""
     from . import report
-    from .bench import Shape
+    from .shapes import Shape
 
     if sm70_artifact is None:
         return {"available": False, "note": "no estimate: report needs an sm_70 build (fa2patch build --arch sm_70)"}

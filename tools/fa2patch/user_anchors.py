@@ -17,7 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
-from .bench import Shape, _mhz
+from .bench import _mhz
+from .shapes import Shape
 from .errors import EnvironmentProblem
 from .v100model import Card
 
