@@ -26,6 +26,7 @@ from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
 from .routes import EXACT
 from .shapes import Shape, useful_flops
+from .tables import table
 from .smoke import GPU_PROBE, _python_json, _route, pin_route, require_build_info
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
@@ -284,7 +285,7 @@ def render(result: dict) -> str:
             cells += [model_text(per.get(x, {}).get("model")) for x in routes]
             cells += [ratio_text(per.get(x, {}).get("measured_over_model")) for x in routes]
         rows.append(cells)
-    lines += _text_table(header, rows)
+    lines.append(table(rows, header))
     if any(r.get("throttled") for r in result["results"]):
         lines.append(f"* ran throttled ({result.get('throttle_rule', THROTTLE_RULE)})")
     if modelled:
@@ -298,15 +299,9 @@ def render(result: dict) -> str:
     if not nvml.get("available"):
         lines.append(nvml.get("note") or "NVML not sampled")
     else:
-        lines += _text_table(["shape", "route", "samples"], [
-            [r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]])
+        lines.append(table([[r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]],
+                           ["shape", "route", "samples"]))
     return "\n".join(lines)
-
-
-def _text_table(header: list[str], rows: list[list]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-            for r in [header, ["-" * w for w in widths], *rows]]
 
 
 def markdown(result: dict) -> str:

@@ -18,21 +18,9 @@ from . import __version__, routes
 from .errors import EXIT_CHECK_FAILED, EXIT_USAGE, Fa2PatchError
 from .lockfile import Lock
 from .project import Project
+from .tables import table
 
 ARCH_HELP = "target architecture declared by the tree's fa2patch-build.toml (sm_70; sm_90 = H200 lab)"
-
-
-def _table(rows: list[list], header: list[str]) -> str:
-    cells = [header] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i].splitlines()[0] if r[i] else "") for r in cells) for i in range(len(header))]
-    lines = []
-    for r in cells:
-        first = [c.splitlines()[0] if c else "" for c in r]
-        lines.append("  ".join(c.ljust(w) for c, w in zip(first, widths)).rstrip())
-        for extra in (r[-1].splitlines()[1:] if r[-1] else []):
-            lines.append(" " * (sum(widths[:-1]) + 2 * (len(widths) - 1)) + extra)
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _finish(as_json: bool, result: dict, text) -> int:
@@ -148,7 +136,7 @@ def check(ctx, workspace, as_json):
     findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace),
                         ctx.project.pyproject_path)
     return _finish(as_json, {"ok": all(f.ok for f in findings), "findings": [asdict(f) for f in findings]},
-                   lambda: _table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
+                   lambda: table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
                                   ["item", "status", "detail"]))
 
 
@@ -173,7 +161,7 @@ def doctor(ctx, vllm_python, as_json):
     result = {"ok": not missing, "missing": missing, "items": [asdict(i) for i in items]}
 
     def text():
-        return _table([[i.name, "ok" if i.found else ("MISSING" if i.required else "missing, optional"),
+        return table([[i.name, "ok" if i.found else ("MISSING" if i.required else "missing, optional"),
                         i.required_for, i.detail + ("" if i.found else f"\ninstall: {i.install}")]
                        for i in items], ["component", "status", "needed for", "detail"])
 
@@ -188,7 +176,7 @@ def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
     result = diagnose(python, ctx.project.root, vllm_release(ctx.project))
 
     def text():
-        lines = [_table([[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]]
+        lines = [table([[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]]
                          for c in result["checks"]], ["check", "status", "detail"]), ""]
         if result["verdict"] == "ready":
             lines.append("ready: " + result["ready"])
@@ -264,11 +252,11 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
                                  v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
 
     def text():
-        lines = [_table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
+        lines = [table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
                          if r.kind in ("link", "schema")], ["check", "status", "detail"]), ""]
         kernels = [r for r in rows if r.kind == "kernel"]
         if kernels:
-            lines.append(_table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
+            lines.append(table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
                                   _n(r, "shared"), _n(r, "hmma"), _n(r, "traps"),
                                   "ok" if r.ok else "FAIL", r.detail] for r in kernels],
                                 ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"]))
@@ -334,7 +322,7 @@ def smoke(ctx, archs, as_json):
     dirs = [ctx.project.build_dir(a) for a in archs] or sorted(p for p in root.glob("*") if p.is_dir())
     results = do_smoke(dirs)
     return _finish(as_json, {"ok": all(r["ok"] for r in results), "results": results},
-                   lambda: _table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
+                   lambda: table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
                                     r.get("detail") or r.get("error") or
                                     f"{len(r.get('cases', []))} cases, worst max_abs "
                                     f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}"]

@@ -195,12 +195,12 @@ def peer_estimate(shape: Shape, card: Card, data: dict | None = None, v100: dict
 def render(rows: list[dict], predictions: list[dict] = ()) -> str:
     """The peer's section of `report`: per shape its plan, model time and bounds, and the ratio of
     its model time to each of our routes' model time for the same shape (both uncalibrated)."""
-    from .report import _table
+    from .tables import table
 
     ours = {}
     for p in predictions:
         ours.setdefault(p["label"], []).append(p)
-    table = [[e["label"], f"{e['plan']['mode']} {e['plan']['variant']}", e["plan"]["ctas"], f"{e['fp32_bound_ms']:.3f}",
+    cells = [[e["label"], f"{e['plan']['mode']} {e['plan']['variant']}", e["plan"]["ctas"], f"{e['fp32_bound_ms']:.3f}",
               f"{e['bound_ms']:.3f}", f"{e['model_ms']:.3f}", f"{e['model_ms_spills_on_l1']:.3f}", e["binding"],
               ", ".join(f"{p['route']} {e['model_ms'] / p['model_ms']:.2f}x" for p in ours.get(e["label"], [])) or "-"]
              for e in rows]
@@ -210,8 +210,8 @@ def render(rows: list[dict], predictions: list[dict] = ()) -> str:
             f"{src['ptxas']}), model estimates of a kernel WITHOUT tensor cores (tl.dot -> FFMA), uncalibrated, "
             f"{card['sms']} SMs at {card['clock_mhz']:g} MHz. FP32 bound: its FP32 instructions alone; "
             f"spills on L1: local memory charged on the shared-memory path. docs/peer-vllm-triton.md.")
-    return "\n".join([head, _table(table, ["shape", "grid", "CTAs", "FP32 bound ms", "bound ms", "model ms",
-                                           "spills on L1 ms", "binding", "peer model / route model"])])
+    return "\n".join([head, table(cells, ["shape", "grid", "CTAs", "FP32 bound ms", "bound ms", "model ms",
+                                            "spills on L1 ms", "binding", "peer model / route model"])])
 
 
 # --- Extraction ---------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from . import phases, routes, sass, toolchain
 from .shapes import Shape, useful_flops
+from .tables import table
 from .errors import EnvironmentProblem
 from .smoke import load_build_info
 from .verify import launches_of
@@ -590,19 +591,19 @@ def render(result: dict) -> str:
     lines = ["Static report from the sm_70 SASS (V100 parameters: tools/fa2patch/data/v100.toml); bounds and "
              "model estimates, not measurements. Counts per warp-iteration: dynamic (inner loops x trip counts "
              "from the build's geometry) where marked *, else static."]
-    table = []
+    cells = []
     for k in result["kernels"]:
         occ = k["occupancy"]
         occ_text = f"{occ['blocks_per_sm']} blk, {occ['warps_per_sm']} warps ({occ['limited_by']})" if occ else "-"
         for lp in k["hot_loops"] or [None]:
             serial = lp and (lp["serial_runs"][0]["instructions"] if lp["serial_runs"] else 0)
-            table.append([k["kernel"][:60], k["registers"], occ_text,
+            cells.append([k["kernel"][:60], k["registers"], occ_text,
                           lp and f"{lp['instructions']}{'*' if lp['dynamic'] else ''}", lp and lp["mix"].get("hmma", 0),
                           lp and f"{lp['shared_passes']:g}", lp and lp["mix"].get("shuffle", 0), lp and lp["load_rounds"],
                           lp and lp["binding"], lp and f"{max(lp['cycles'].values()):.0f}",
                           lp and f"{lp['critical_cycles']:.0f}", serial,
                           lp and f"{lp['tensor_utilization_bound']:.0%}", lp and f"{lp['tflops_bound']:.1f}"])
-    lines.append(_table([[("-" if c is None else c) for c in r] for r in table],
+    lines.append(table([[("-" if c is None else c) for c in r] for r in cells],
                         ["kernel", "regs", "occupancy", "loop instr", "HMMA", "smem passes", "SHFL", "load rounds",
                          "binding", "pipe cycles", "CTA iteration cycles", "serial run", "tensor util <=",
                          "TFLOP/s <="]))
@@ -622,7 +623,7 @@ def render(result: dict) -> str:
                   f"clock the route's tensor duty allows under the 300 W cap (MHz). " + header_text(cal)
                   + " vs dense / vs long-prefill: that route's calibrated time over this one's (> 1: this one is "
                   "faster), and whether their ranges separate."]
-        lines.append(_table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
+        lines.append(table([[p["label"], p["route"], p["plan"].get("splits", 1), f"{p['bound_ms']:.3f}",
                               _num(p["tflops_upper_bound"]), f"{p['model_ms']:.3f}", f"{p['clock_mhz']:.0f}",
                               range_text(p["calibrated_ms"], p["calibrated_ms_low"], p["calibrated_ms_high"]),
                               range_text(p["calibrated_tflops"], p["calibrated_tflops_low"],
@@ -632,7 +633,7 @@ def render(result: dict) -> str:
                             ["shape", "route", "splits", "bound ms", "TFLOP/s <=", "model ms", "MHz",
                              "calibrated ms (range)", "calibrated TFLOP/s (range)", "vs dense", "vs long-prefill",
                              "limited by"]))
-    lines += render_calibration(result, _table)
+    lines += render_calibration(result)
     return "\n".join(lines)
 
 
@@ -653,9 +654,3 @@ def _limits(p: dict) -> str:
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
-
-
-def _table(rows: list[list], header: list[str]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-                     for r in [header, ["-" * w for w in widths], *rows])

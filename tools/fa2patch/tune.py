@@ -43,6 +43,7 @@ from pathlib import Path
 from . import __version__, gpu_clocks, numerics, profile
 from .errors import EnvironmentProblem, Fa2PatchError
 from .routes import EXACT, GQA, SPLITKV
+from .tables import table
 from .tune_plan import RankHeads, grid_points
 
 ENV_EXACT = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
@@ -225,9 +226,7 @@ def render(result: dict) -> str:
         sm = clocks.get("sm_clock_mhz")
         cells.append(f"{sm['median']:g}{' throttled' if clocks.get('throttled') else ''}" if sm else "-")
         rows.append(cells)
-    from .bench import _text_table
-
-    lines = _text_table(header, rows)
+    lines = [table(rows, header)]
     lines += ["", "ratio: median of the paired per-round ratios to the exact route (min-max); a route wins where "
               "1 - median > max - min", "", profile.summary(result["profile"])]
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .bench import _mhz
 from .shapes import Shape
+from .tables import table
 from .errors import EnvironmentProblem
 from .v100model import Card
 
@@ -110,7 +111,7 @@ def movement(before: dict, after: dict, files: list[Path], skipped: list[dict]) 
             "median_user_residual": statistics.median(a["residual"] for a in user) if user else None}
 
 
-def render_calibration(result: dict, table) -> list[str]:
+def render_calibration(result: dict) -> list[str]:
     """The anchors' table (published and users') and, with user anchors, how the fit moved."""
     cal = result["calibration"]
     lines = ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
