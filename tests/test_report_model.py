@@ -364,38 +364,6 @@ def test_load_rounds_waiting_in_the_same_iteration_and_loads_issued_ahead():
     assert load_use_gaps(chained.instrs) == [1, 1]
 
 
-COPY_LOOP = ["@top:", "HMMA.884.F32.F32.STEP0 R0, R16, R18, R0",
-             "BRA @peeled_end", "LDG.E.128.SYS R40, [R2]", "STS.128 [R3], R40", "@peeled_end:",
-             "@copy:", "LDG.E.128.SYS R20, [R2]", "LDG.E.128.SYS R24, [R2+0x10]", "STS.128 [R3], R20",
-             "STS.128 [R3+0x10], R24", "IADD3 R2, R2, 0x20, RZ", "BRA @copy",
-             "BAR.SYNC 0x0", "BRA @top"]
-
-
-@pytest.mark.parametrize("copy_bytes, trips, peeled_runs", [
-    (16 * 8, 4, False),    # 8 vectors: 4 trips of 2, the peeled copy does not run
-    (16 * 7, 3, True),     # 7 vectors: the peeled copy plus 3 trips
-    (16 * 2, 1, False),
-])
-def test_the_copy_loop_runs_as_often_as_the_geometry_needs(copy_bytes, trips, peeled_runs):
-    from fa2patch.report import dynamic_loop, mix_of
-
-    f = function(COPY_LOOP)
-    (hot,) = f.hot_loops()
-    instrs, notes = dynamic_loop(f, hot, copy_bytes)
-    assert notes == [{"start": 0x40, "trips": trips, "source": "geometry (K/V tile copy)",
-                      "peeled_copies_run": peeled_runs}]
-    loads = sum(1 for i in instrs if i.op.startswith("LDG"))
-    assert loads * 16 == copy_bytes
-    # The copy body has 6 instructions; the other 6 of the hot loop count once, and the
-    # peeled remainder loses its load when it does not run.
-    assert len(instrs) == 6 + 6 * trips - (0 if peeled_runs else 1)
-    # Each trip waits for its loads (gap: 2 instructions) and so does the peeled copy.
-    assert mix_of(instrs)[1].load_use_gaps == (1,) * peeled_runs + (2,) * trips
-    # Without a geometry the loop counts once, as written.
-    static, notes = dynamic_loop(f, hot, None)
-    assert len(static) == len(hot.instrs) and notes[0]["source"] == "static (trip count unknown)"
-
-
 def test_the_route_timer_is_estimate_route_as_a_function_of_the_parameters():
     """route_timer works out once what does not depend on the fitted parameters; at any
     parameters it must give estimate_route's time: fused and unfused launches, CTAs of several

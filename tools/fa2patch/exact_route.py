@@ -177,7 +177,7 @@ def combine_row(function: sass.SassFunction, threads: int, blocks_per_sm: int, w
         raise EnvironmentProblem(f"{function.name}: the split-KV combine has no loop (expected its column loop)")
     inside = {i.addr for i in loop.instrs}
     return {"threads": threads, "blocks_per_sm": blocks_per_sm,
-            "loop": loop_row(function, loop, v100, warps, None, cta_warps),
+            "loop": loop_row(loop, v100, warps, cta_warps),
             "outside": outside_row([i for i in function.instrs if i.addr not in inside], cta_warps, v100)}
 
 

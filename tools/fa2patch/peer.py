@@ -227,7 +227,8 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     loop = function.main_loop()
     if loop is not None and len(loop.instrs) <= len(function.instrs) // 4:
         loop = None          # only a small loop (reduce_segments' sequence search): no main loop
-    if loop is not None and function.inner_loops(loop):
+    if loop is not None and any(loop.start <= lp.start and lp.end <= loop.end and (lp.start, lp.end) != (loop.start, loop.end)
+                                for lp in function.loops()):
         raise ValueError(f"{cubin}: the main loop at {loop.start:#x} has inner loops: trip counts unknown")
     inside = {i.addr for i in loop.instrs} if loop else set()
     out = {"registers": res.registers, "stack": res.stack, "spill_stores": ptx.spill_stores,

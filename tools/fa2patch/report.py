@@ -6,9 +6,10 @@ configuration that the extension's ``build_info()`` declares (or ``--launch``). 
 outermost loop with HMMA): the mix of one warp-iteration and its cycles per sub-partition at
 that occupancy (v100model: tensor pipe by HMMA step form, issue slots, shared-memory bank
 passes, FP32, MUFU), the binding resource, the implied tensor-utilization and TFLOP/s ceilings,
-and the rounds of global loads the iteration waits for (``load_use_gaps``). Each instruction
-counts once, except that when the build declares the kernel's geometry, the K/V copy loop
-counts times its trip count (``dynamic_loop``).
+and the rounds of global loads the iteration waits for (``load_use_gaps``). Each instruction of
+the loop counts once, both sides of a branch (the forward kernels' hot loops hold no inner loop; the
+few that other loops hold, whose trip counts the SASS does not say, count once too: the long-prefill
+qk loop's page step, the split-KV combine's loops over the splits).
 
 ``predict_routes`` (``report --shapes``): per problem shape, the sm70-dense route and, where its
 op takes the shape, the sm70-gqa-prefill route (``gqa_launches``: one launch per KV step whose
@@ -31,7 +32,6 @@ calibrate(v100))`` gives the bound, the model and the calibrated time with each 
 details. docs/report-model.md describes the model.
 """
 
-import math
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -107,56 +107,6 @@ def mix_of(instrs: list[sass.Instr]) -> tuple[dict, LoopMix]:
     return dict(sorted(counts.items())), mix
 
 
-def copy_trips(needed: int, outside: int, per_trip: int) -> tuple[int, bool]:
-    """(trip count of the copy loop, whether the copies outside it run) such that together they
-    load ``needed`` vectors: the compiler peels a remainder (``outside`` loads) in front of an
-    unrolled loop (``per_trip`` loads a trip) and runs it only when the trips do not divide."""
-    if outside and needed > outside and (needed - outside) % per_trip == 0:
-        return (needed - outside) // per_trip, True
-    if needed % per_trip == 0:
-        return needed // per_trip, False
-    return max(1, math.ceil((needed - outside) / per_trip)), True
-
-
-def dynamic_loop(function: sass.SassFunction, loop: sass.Loop, copy_bytes_per_thread: int | None
-                 ) -> tuple[list[sass.Instr], list[dict]]:
-    """One iteration of ``loop`` as executed: each inner loop repeated by its trip count.
-
-    Trip counts come from the geometry, not the SASS (the compiler does not know them): an inner
-    loop with 16-byte global loads is the global-to-shared copy, which must load
-    ``copy_bytes_per_thread`` per iteration (``copy_trips``); a peeled remainder that the
-    geometry does not run loses its loads (its other instructions stay, as static code). Other
-    inner loops, or all without a geometry, count once. Every other instruction counts once,
-    both sides of a branch. Returns the instructions and, per inner loop, {start, trips, source}."""
-    inner = sorted(function.inner_loops(loop), key=lambda x: x.start)
-    wide = lambda ins: base(ins.op) == "LDG" and access_bytes(ins.op) == 16  # noqa: E731
-    in_inner = lambda ins: any(lp.start <= ins.addr <= lp.end for lp in inner)  # noqa: E731
-    outside = [i for i in loop.instrs if wide(i) and not in_inner(i)]
-    dropped, trips_of, notes = set(), {}, []
-    for lp in inner:
-        per_trip = sum(1 for i in lp.instrs if wide(i))
-        if per_trip and copy_bytes_per_thread is not None:
-            trips, outside_runs = copy_trips(copy_bytes_per_thread // 16, len(outside), per_trip)
-            dropped |= set() if outside_runs else {i.addr for i in outside}
-            notes.append({"start": lp.start, "trips": trips, "source": "geometry (K/V tile copy)",
-                          "peeled_copies_run": outside_runs})
-        else:
-            trips = 1
-            notes.append({"start": lp.start, "trips": 1, "source": "static (trip count unknown)"})
-        trips_of[lp.start] = trips
-    out, skip_to = [], -1
-    for ins in loop.instrs:
-        if ins.addr <= skip_to or ins.addr in dropped:
-            continue
-        lp = next((x for x in inner if x.start == ins.addr), None)
-        if lp is not None:
-            out += lp.instrs * trips_of[lp.start]
-            skip_to = lp.end
-        else:
-            out.append(ins)
-    return out, notes
-
-
 ENDS_PATH = ("EXIT", "RET", "BRA", "JMP", "KILL")
 
 
@@ -207,11 +157,12 @@ def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
             "model_mix": {**vars(mix), "load_use_gaps": (), "critical_cycles": once, "critical_warps": warps}}
 
 
-def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread=None, cta_warps=None) -> dict:
-    """A hot loop: its mix per warp-iteration, its pipes at the kernel's occupancy, and one CTA's
-    iteration timed from the SASS with the ``cta_warps`` warps per sub-partition of one CTA in
-    phase (phases.lockstep_cycles; ``critical_cycles``), its tensor duty and its serial runs."""
-    instrs, inner = dynamic_loop(function, loop, copy_bytes_per_thread)
+def loop_row(loop: sass.Loop, v100: dict, warps_per_subpartition: int, cta_warps: int | None = None) -> dict:
+    """A hot loop: its mix per warp-iteration (every instruction once), its pipes at the kernel's
+    occupancy, and one CTA's iteration timed from the SASS with the ``cta_warps`` warps per
+    sub-partition of one CTA in phase (phases.lockstep_cycles; ``critical_cycles``), its tensor duty
+    and its serial runs."""
+    instrs = loop.instrs
     counts, mix = mix_of(instrs)
     cycles = mix.pipes(warps_per_subpartition, v100)
     bound = binding(cycles)
@@ -220,9 +171,7 @@ def loop_row(function, loop, v100, warps_per_subpartition, copy_bytes_per_thread
     w = cta_warps or warps_per_subpartition
     timed = phases.lockstep_cycles(instrs, w, v100)
     mix = replace(mix, critical_cycles=timed["cycles"], critical_warps=w)
-    return {"start": loop.start, "end": loop.end, "static_instructions": len(loop.instrs),
-            "instructions": len(instrs), "dynamic": copy_bytes_per_thread is not None, "inner_loops": inner,
-            "mix": counts, "model_mix": vars(mix), "shared_bytes": mix.shared_bytes,
+    return {"start": loop.start, "end": loop.end, "instructions": len(instrs), "mix": counts, "model_mix": vars(mix), "shared_bytes": mix.shared_bytes,
             "shared_passes": mix.shared_passes, "load_rounds": len(mix.load_use_gaps),
             "cycles": cycles, "binding": bound, "tensor_utilization_bound": util, "tflops_bound": util * peak,
             "critical_cycles": timed["cycles"], "critical_warps": w, "critical_tensor_duty": timed["tensor_duty"],
@@ -274,18 +223,12 @@ def route_geometry(build_info: dict, artifact: Path, route: str = routes.EXACT) 
     return sorted(kernels, key=lambda k: k["head_dim"])
 
 
-def copy_bytes_per_thread(geometry: dict) -> int:
-    """Bytes each thread copies from global to shared memory per sm70-dense iteration: one K and
-    one V tile of keys_per_iteration x head_dim halves."""
-    return 2 * geometry["keys_per_iteration"] * geometry["head_dim"] * 2 // (32 * geometry["warps"])
-
-
 def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], geometry: list[dict] | None = None
                 ) -> list[dict]:
     """Per kernel of ``arch`` in ``artifact``: resources, occupancy and hot loops. ``launch`` maps
     a demangled-name glob to (threads per block, dynamic shared bytes); a tensor-core kernel
-    without one is an error. ``geometry``: the route kernels' geometry (``route_geometry``), for
-    dynamic loop counts."""
+    without one is an error. ``geometry``: the route kernels' geometry (``route_geometry``): a
+    kernel with one is charged its code outside the hot loops (per kind of tile where it has tiles)."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
@@ -305,9 +248,8 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         occ = occupancy(r.registers, r.shared + dynamic, threads, v100) if r and threads else None
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
         geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
-        copy = copy_bytes_per_thread(geo) if geo and geo["route"] == routes.EXACT else None
         cta_w = -(-threads // (32 * v100["subpartitions_per_sm"])) if threads else w   # one CTA's warps per scheduler
-        hot = [loop_row(f, lp, v100, w, copy, cta_w) for lp in f.hot_loops()]
+        hot = [loop_row(lp, v100, w, cta_w) for lp in f.hot_loops()]
         outside = None
         if geo and "tiles" in geo:     # one kernel, several kinds of tile
             for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
@@ -589,8 +531,8 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
 def render(result: dict) -> str:
     """The report as text: the kernel table; with predictions, the shape table and the anchors."""
     lines = ["Static report from the sm_70 SASS (V100 parameters: tools/fa2patch/data/v100.toml); bounds and "
-             "model estimates, not measurements. Counts per warp-iteration: dynamic (inner loops x trip counts "
-             "from the build's geometry) where marked *, else static."]
+             "model estimates, not measurements. Counts per warp-iteration: every instruction of the loop once "
+             "(both sides of a branch)."]
     cells = []
     for k in result["kernels"]:
         occ = k["occupancy"]
@@ -598,7 +540,7 @@ def render(result: dict) -> str:
         for lp in k["hot_loops"] or [None]:
             serial = lp and (lp["serial_runs"][0]["instructions"] if lp["serial_runs"] else 0)
             cells.append([k["kernel"][:60], k["registers"], occ_text,
-                          lp and f"{lp['instructions']}{'*' if lp['dynamic'] else ''}", lp and lp["mix"].get("hmma", 0),
+                          lp and lp["instructions"], lp and lp["mix"].get("hmma", 0),
                           lp and f"{lp['shared_passes']:g}", lp and lp["mix"].get("shuffle", 0), lp and lp["load_rounds"],
                           lp and lp["binding"], lp and f"{max(lp['cycles'].values()):.0f}",
                           lp and f"{lp['critical_cycles']:.0f}", serial,

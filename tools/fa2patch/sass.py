@@ -155,13 +155,6 @@ class SassFunction:
         without tensor cores (Triton's FMA dot on sm_70) has its main loop in FFMA and loads."""
         return max(self.outer_loops(), key=lambda lp: len(lp.instrs), default=None)
 
-    def inner_loops(self, outer: Loop) -> list[Loop]:
-        """The loops directly inside ``outer`` (not inside another loop inside it)."""
-        inside = [lp for lp in self.loops() if outer.start <= lp.start and lp.end <= outer.end
-                  and (lp.start, lp.end) != (outer.start, outer.end)]
-        return [lp for lp in inside if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
-                                               for o in inside)]
-
     @property
     def hmma(self) -> int:
         return sum(1 for op in self.opcodes if op.startswith("HMMA"))

@@ -83,8 +83,8 @@ class Calibration:
 
 @dataclass(frozen=True)
 class LoopMix:
-    """What one warp issues per iteration of a loop (dynamic counts: inner loops times their
-    trip counts). ``load_use_gaps``: for each round of global loads whose results the same
+    """What one warp issues per iteration of a loop (every instruction once, both sides of a
+    branch). ``load_use_gaps``: for each round of global loads whose results the same
     iteration uses, the warp's instructions between the round's first load and the first use.
     ``critical_cycles``: one iteration of a CTA whose ``critical_warps`` warps per sub-partition
     run in phase, timed from the SASS (phases.lockstep_cycles); 0 where the SASS is not known.
