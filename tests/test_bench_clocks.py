@@ -173,7 +173,7 @@ def test_bench_worker_finds_torchs_gpu_in_nvml(monkeypatch):
     props = types.SimpleNamespace(uuid="1234", pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_device=lambda: 0,
                                                              get_device_properties=lambda i: props))
-    module, handle, info = bench.open_nvml_for_torch(torch)
+    module, handle, info = gpu_clocks.open_for_torch(torch)
     assert module is nvml and handle == "h"
     assert info["available"] and info["driver"] == "570.86.15" and info["power_limit_w"] == 300.0
 

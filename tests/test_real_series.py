@@ -323,7 +323,7 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
     import re
 
     from fa2patch import sass, toolchain
-    from fa2patch.smoke import load_build_info
+    from fa2patch.extension import load_build_info
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)

@@ -70,8 +70,8 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 
 def real_geometry(artifact, route="sm70-dense"):
     """The build's kernels of a route with the geometry its build_info() declares."""
+    from fa2patch.extension import load_build_info
     from fa2patch.report import route_geometry
-    from fa2patch.smoke import load_build_info
 
     return route_geometry(load_build_info(artifact), artifact, route)
 
@@ -79,8 +79,7 @@ def real_geometry(artifact, route="sm70-dense"):
 def real_rows(artifact):
     """Report rows of every kernel the build declares (launches from build_info()), with both
     routes' geometry."""
-    from fa2patch.smoke import load_build_info
-    from fa2patch.verify import launches_of
+    from fa2patch.extension import launches_of, load_build_info
 
     geometry = real_geometry(artifact) + real_geometry(artifact, "sm70-gqa-prefill")
     return kernel_rows(artifact, "sm_70", launches_of(load_build_info(artifact)), geometry)

@@ -196,7 +196,7 @@ def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
 
 
 def test_verify_takes_launches_from_build_info_by_name_part():
-    from fa2patch.verify import launches_of
+    from fa2patch.extension import launches_of
 
     info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
     launches = launches_of(info)

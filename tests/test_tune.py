@@ -670,13 +670,11 @@ def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
     the worker replaced: an H200 whose measurements are _points()."""
     from click.testing import CliRunner
 
-    import fa2patch.smoke as smoke
+    import fa2patch.extension as extension
     from fa2patch.cli import cli
 
-    real = smoke._python_json
-    monkeypatch.setattr(smoke, "_python_json", lambda code, *a, **k: {
-        "cuda": True, "name": "NVIDIA H200", "capability": "sm_90", "sms": 132} if code == smoke.GPU_PROBE
-        else real(code, *a, **k))
+    monkeypatch.setattr(extension, "probe_gpu", lambda: {
+        "cuda": True, "name": "NVIDIA H200", "capability": "sm_90", "major": 9, "minor": 0, "sms": 132})
     seen = {}
 
     def fake_run(artifact, plan, progress=None):

@@ -9,8 +9,7 @@ from pathlib import Path
 from fa2patch import report, calibration as c, sass, phases
 from fa2patch import v100model as m
 from fa2patch.shapes import parse_shapes
-from fa2patch.smoke import load_build_info
-from fa2patch.verify import launches_of
+from fa2patch.extension import launches_of, load_build_info
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
 SCR = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),

@@ -66,9 +66,8 @@ def shapes():
 def run(artifact: Path) -> None:
     from fa2patch import report
     from fa2patch.calibration import calibrate
-    from fa2patch.smoke import load_build_info
+    from fa2patch.extension import launches_of, load_build_info
     from fa2patch.v100model import Calibration, Card, load_v100, route_timer
-    from fa2patch.verify import launches_of
 
     v100 = load_v100()
     cal = calibrate(v100)

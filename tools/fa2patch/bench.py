@@ -15,8 +15,6 @@ issue report. On a GPU other than a V100 the timings of SM70 code do not represe
 
 import contextlib
 import json
-import re
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -24,10 +22,10 @@ from pathlib import Path
 from . import __version__, gpu_clocks, numerics
 from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
+from .extension import mhz, pin_route, probe_gpu, python_json, require_build_info, routes_of, smi
 from .routes import EXACT
 from .shapes import Shape, useful_flops
 from .tables import table
-from .smoke import GPU_PROBE, _python_json, _route, pin_route, require_build_info
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
 
@@ -43,7 +41,7 @@ def judge(numbers: dict) -> dict:
 
 def gpu_or_nothing() -> dict:
     """This machine's GPU (smoke's probe); NothingToLaunch without one."""
-    gpu = _python_json(GPU_PROBE)
+    gpu = probe_gpu()
     if "error" in gpu or not gpu.get("cuda"):
         raise NothingToLaunch("nothing timed: torch sees no CUDA GPU on this machine")
     return gpu
@@ -53,7 +51,7 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
           warmup: int, reps: int, progress=lambda items: items) -> dict:
     """``routes``: one or two route names; None: sm70-dense and the first other route."""
     info = require_build_info(artifact)
-    known = {r["name"]: r for r in map(_route, info.get("routes", []))}
+    known = routes_of(info)
     routes = routes or [EXACT] + [n for n in known if n != EXACT][:1]
     unknown = [r for r in routes if r not in known]
     if unknown:
@@ -62,10 +60,10 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     if any(s.b != 1 or s.decode for s in shapes):
         raise EnvironmentProblem("--shapes: b (batch) and decode are for `report` only; bench times one sequence "
                                  "per shape")
-    idle, max_clock, driver = (_smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
+    idle, max_clock, driver = (smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
-        r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
+        r = python_json("from fa2patch.bench import worker; worker()", str(artifact),
                          json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"],
                                      "pin_splits": known[route].get("pin_splits")}),
                          env=known[route].get("env"))
@@ -100,7 +98,7 @@ def attach_model(result: dict, artifact: Path, arch: str = "sm_70") -> None:
     shapes = list({Shape(**r["shape"]): None for r in result["results"] if "error" not in r})
     if not shapes:
         return
-    clock = (result.get("nvml") or {}).get("max_sm_clock_mhz") or _mhz(result.get("sm_clock_max")) or 1530.0
+    clock = (result.get("nvml") or {}).get("max_sm_clock_mhz") or mhz(result.get("sm_clock_max")) or 1530.0
     card = Card(int(result.get("sms") or 80), float(clock))
     try:
         predictions = report.report(artifact, arch, {}, shapes, card)["predictions"]
@@ -142,21 +140,6 @@ def ratio_text(ratio: dict | None) -> str:
     return f"{ratio['point']:.2f}"
 
 
-def _mhz(text: str | None) -> float | None:
-    m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
-    return float(m.group(1)) if m else None
-
-
-def _smi(fields: str) -> str:
-    """First GPU's nvidia-smi values (CSV, no units header); empty without nvidia-smi."""
-    try:
-        proc = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                              capture_output=True, text=True)
-    except FileNotFoundError:
-        return ""
-    return (proc.stdout.strip().splitlines() or [""])[0]
-
-
 def worker() -> None:
     """Subprocess side: time one shape through the route's op and compare the output. varlen_fwd
     takes vLLM's 22 arguments; gqa_prefill_fwd (one causal sequence) a workspace allocated once,
@@ -195,7 +178,7 @@ def worker() -> None:
     for _ in range(spec["warmup"]):
         call()
     torch.cuda.synchronize()
-    nvml, handle, nvml_info = open_nvml_for_torch(torch)
+    nvml, handle, nvml_info = gpu_clocks.open_for_torch(torch)
     sampler = gpu_clocks.Sampler(nvml, handle) if nvml else None
     times = []
     with sampler or contextlib.nullcontext():
@@ -206,7 +189,7 @@ def worker() -> None:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-    clock = _smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
+    clock = smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
     times.sort()
     ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
     ref16, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16,
@@ -216,25 +199,6 @@ def worker() -> None:
     print(json.dumps({"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1],
                       "sm_clock_after": clock.strip(), "numerics": numerics,
                       "clocks": sampler.summary() if sampler else None, "nvml": nvml_info}))
-
-
-def open_nvml_for_torch(torch):
-    """(pynvml, the handle of torch's current GPU, info) or (None, None, info with a note): found
-    by UUID, else PCI bus id, else index (gpu_clocks.device_handle)."""
-    nvml, note = gpu_clocks.load_nvml()
-    if nvml is None:
-        return None, None, {"available": False, "note": note}
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    uuid = str(getattr(props, "uuid", "") or "") or None
-    pci = None
-    if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    try:
-        handle, how = gpu_clocks.device_handle(nvml, uuid, pci, torch.cuda.current_device())
-    except Exception as exc:
-        return None, None, {"available": False, "note": f"NVML not sampled: no handle for torch's GPU ({exc})"}
-    return nvml, handle, {"available": True, "device": how, "interval_ms": gpu_clocks.DEFAULT_INTERVAL_S * 1e3,
-                          **gpu_clocks.card_facts(nvml, handle)}
 
 
 WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "

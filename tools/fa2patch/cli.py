@@ -239,6 +239,7 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
     ABI) and every kernel's registers, spills, shared memory and SASS. The extension is loaded
     with the interpreter it was built for (manifest), or --python."""
     from . import verify as v
+    from .build import artifact_manifest
 
     p = ctx.project
     if artifact is None:
@@ -246,7 +247,7 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
                                   (p.root, ctx.workspace(workspace)))
     else:
         tree = ctx.workspace(workspace)
-        manifest = v.artifact_manifest(artifact.resolve(), tree, arch)
+        manifest = artifact_manifest(artifact.resolve(), tree, arch)
         python = python or sys.executable
         rows = v.verify_artifact(artifact.resolve(), manifest, p.schemas_path, p.budgets_path, python,
                                  v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
@@ -364,7 +365,7 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     from .report import render
     from .report import report as do_report
     from .v100model import Card
-    from .verify import load_manifest
+    from .extension import load_manifest
 
     shape_list = parse_shapes(shapes) if shapes is not None else []
     launch = {}
@@ -419,8 +420,8 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     timed case; on an SM70 card, report's calibrated estimate beside each time."""
     from . import bench as b
     from .digest import sha256_file
+    from .extension import load_manifest, manifest_path
     from .shapes import parse_shapes
-    from .verify import load_manifest
 
     shape_list = parse_shapes(shapes or b.DEFAULT_SHAPES)
     gpu = b.gpu_or_nothing()
@@ -439,7 +440,7 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
                                item_show_func=lambda it: it and f"{it[1]} {it[0].label}") as bar:
             yield from bar
 
-    result = b.bench(gpu, artifact, sha256_file(build_dir / "manifest.json"), route_list, shape_list,
+    result = b.bench(gpu, artifact, sha256_file(manifest_path(build_dir)), route_list, shape_list,
                      warmup, reps, progress=progress)
     if result["is_v100"]:
         b.attach_model(result, artifact, arch)
@@ -486,8 +487,7 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
     --model-config and --tp, chunked prefill of --max-num-batched-tokens up to --max-model-len) and
     write a routing profile for FA2PATCH_ROUTING_PROFILE; or --check a profile file."""
     from . import tune as t
-    from .bench import _mhz, _smi
-    from .smoke import GPU_PROBE, _python_json
+    from .extension import load_manifest, manifest_path, mhz, probe_gpu, smi
     from .tune_plan import per_rank, read_model_config
     from .v100model import Card
 
@@ -508,7 +508,7 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
     if block_size % 16:
         raise click.BadParameter(f"must be a multiple of 16, got {block_size}", param_hint="--block-size")
     plan = t.Plan(per_rank(model, tp), chunk, max_len, block_size, warmup, reps, split_list)
-    gpu = _python_json(GPU_PROBE)
+    gpu = probe_gpu()
     has_gpu = "error" not in gpu and gpu.get("cuda")
     if not has_gpu and not estimate_only:
         from .errors import NothingToLaunch
@@ -516,8 +516,6 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
         raise NothingToLaunch("nothing tuned: torch sees no CUDA GPU on this machine (--estimate-only works without one)")
     arch = arch or (gpu["capability"] if has_gpu else "sm_70")
     if artifact is None and (has_gpu or arch == "sm_70"):
-        from .verify import load_manifest
-
         try:
             artifact = load_manifest(ctx.project.build_dir(arch))[1]
         except Fa2PatchError:
@@ -525,11 +523,9 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
                 raise
     is_v100 = has_gpu and gpu["capability"] == "sm_70"
     sm70 = artifact if (is_v100 or (not has_gpu and arch == "sm_70")) else None
-    if sm70 is None and (ctx.project.build_dir("sm_70") / "manifest.json").is_file():
-        from .verify import load_manifest
-
+    if sm70 is None and manifest_path(ctx.project.build_dir("sm_70")).is_file():
         sm70 = load_manifest(ctx.project.build_dir("sm_70"))[1]
-    card = Card(int(gpu["sms"]), _mhz(_smi("clocks.max.sm")) or 1530.0) if is_v100 else Card(int(sms), 1530.0)
+    card = Card(int(gpu["sms"]), mhz(smi("clocks.max.sm")) or 1530.0) if is_v100 else Card(int(sms), 1530.0)
     est = t.estimate(plan, sm70, card)
     if not is_v100 and est.get("available"):
         est["note"] += (f". This GPU is {gpu['name']}, not a V100: the estimate is for a V100, not for this run"
@@ -553,17 +549,17 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
 def _tune_check(path: Path, artifact: Path | None, this_gpu: bool, as_json: bool) -> int:
     from . import profile as pf
     from .digest import sha256_file
-    from .smoke import _python_json
+    from .extension import probe_gpu
 
     device = None
     if this_gpu:
-        gpu = _python_json("import json, torch; p = torch.cuda.get_device_properties(0); print(json.dumps("
-                           "{'name': p.name, 'sms': p.multi_processor_count, 'capability': [p.major, p.minor]}))")
-        if "error" in gpu:
+        gpu = probe_gpu()
+        if "error" in gpu or not gpu.get("cuda"):
             from .errors import NothingToLaunch
 
-            raise NothingToLaunch(f"--this-gpu: torch sees no CUDA GPU here: {gpu['error'][-300:]}")
-        device = gpu
+            why = gpu.get("error", "torch.cuda.is_available() is False")
+            raise NothingToLaunch(f"--this-gpu: torch sees no CUDA GPU here: {why[-300:]}")
+        device = {"name": gpu["name"], "sms": gpu["sms"], "capability": [gpu["major"], gpu["minor"]]}
     try:
         doc = pf.check_file(path, device, sha256_file(artifact) if artifact else None)
     except pf.ProfileRefused as exc:

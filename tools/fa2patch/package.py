@@ -89,7 +89,7 @@ def platform_tag() -> str:
 def packageable(project: Project, arch: str) -> tuple[dict, Path]:
     """The manifest and extension of build/<arch>, refused when it is not for a vLLM install: a lab
     build, or a check-only build against a torch that cannot run it (--allow-torch-without-sm70)."""
-    from .verify import load_manifest
+    from .extension import load_manifest
 
     manifest, artifact = load_manifest(project.build_dir(arch))
     if manifest.get("lab"):

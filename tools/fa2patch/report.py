@@ -40,8 +40,7 @@ from . import phases, routes, sass, toolchain
 from .shapes import Shape, useful_flops
 from .tables import table
 from .errors import EnvironmentProblem
-from .smoke import load_build_info
-from .verify import launches_of
+from .extension import launches_of, load_build_info
 from .calibration import faster_if_separated, header_text, range_text, with_range
 from .exact_route import (COMBINE_KERNEL, cheapest_hot_loop, combine_row,  # noqa: F401
                           dense_launches, dense_plan, fa2_num_splits, splitkv_launches)

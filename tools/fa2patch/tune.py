@@ -42,12 +42,12 @@ from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics, profile
 from .errors import EnvironmentProblem, Fa2PatchError
+from .extension import PIN_SPLITS_HOOK
 from .routes import EXACT, GQA, SPLITKV
 from .tables import table
 from .tune_plan import RankHeads, grid_points
 
 ENV_EXACT = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
-SPLIT_HOOK = "_routing_prefill_splits_for_testing"
 LAB_NOTE = ("timings on {name} ({cap}) with the SM70 kernels forced (FA2PATCH_FORCE_SM70=1): not V100 timings; "
             "this profile proves the mechanism, its decisions say nothing about a V100")
 
@@ -261,7 +261,7 @@ class RouteNotForced(RuntimeError):
 
 
 def split_hook(ops):
-    return getattr(ops, SPLIT_HOOK) if hasattr(ops, SPLIT_HOOK) else None
+    return getattr(ops, PIN_SPLITS_HOOK) if hasattr(ops, PIN_SPLITS_HOOK) else None
 
 
 def run_route(ops, route: str, splits: int, call, events=None) -> None:
@@ -275,7 +275,7 @@ def run_route(ops, route: str, splits: int, call, events=None) -> None:
         launch = call.varlen
         hook = split_hook(ops)
         if hook is None and splits > 1:
-            raise RouteNotForced(f"this extension has no {SPLIT_HOOK}: no split-KV prefill to measure")
+            raise RouteNotForced(f"this extension has no {PIN_SPLITS_HOOK}: no split-KV prefill to measure")
         if hook is not None:
             hook(splits)
     try:
@@ -386,8 +386,6 @@ def _compare(torch, out, exact) -> dict:
 def worker() -> None:
     import torch
 
-    from .bench import open_nvml_for_torch
-
     artifact, spec = sys.argv[1], json.loads(sys.argv[2])
     torch.ops.load_library(artifact)
     ops = torch.ops._vllm_fa2_C
@@ -401,7 +399,7 @@ def worker() -> None:
     gqa = {"head_dim": gqa_kernel["head_dim"], "max_group": stats.get("long_prefill", {}).get("max_group", 16)} \
         if gqa_kernel and hasattr(ops, "gqa_prefill_fwd") else None
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    nvml, handle, nvml_info = open_nvml_for_torch(torch)
+    nvml, handle, nvml_info = gpu_clocks.open_for_torch(torch)
     driver = nvml_info.get("driver")
     plan = Plan(RankHeads(**h), spec["chunk"], spec["max_model_len"], spec["block_size"], spec["warmup"],
                 spec["reps"], tuple(spec["splits"]))
@@ -461,7 +459,7 @@ def tune(artifact: Path, plan: Plan, out: Path | None, progress=None) -> dict:
     if "notes" in doc["software"]:
         notes.append("WARNING: " + doc["software"]["notes"])
     if not start["split_hook"]:
-        notes.append(f"this extension has no {SPLIT_HOOK}: split-KV was not measured")
+        notes.append(f"this extension has no {PIN_SPLITS_HOOK}: split-KV was not measured")
     if not start.get("nvml", {}).get("available"):
         notes.append(start.get("nvml", {}).get("note") or "NVML not sampled")
     return {"ok": not broken, "profile_path": str(path), "device": start["device"], "extension": start["extension"],

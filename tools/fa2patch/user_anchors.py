@@ -17,10 +17,10 @@ import json
 import statistics
 from pathlib import Path
 
-from .bench import _mhz
 from .shapes import Shape
 from .tables import table
 from .errors import EnvironmentProblem
+from .extension import mhz
 from .v100model import Card
 
 
@@ -48,7 +48,7 @@ def case_clock(case: dict) -> tuple[float, str] | None:
     sm = ((case.get("clocks") or {}).get("sm_clock_mhz") or {}).get("median")
     if sm:
         return float(sm), "NVML median during the timed calls"
-    after = _mhz(case.get("sm_clock_after"))
+    after = mhz(case.get("sm_clock_after"))
     return (after, "nvidia-smi right after the timed calls") if after else None
 
 
