@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from fa2patch import calibration as c
+from fa2patch import sass_mix
 from fa2patch import v100model as m
 from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
 
@@ -303,7 +304,7 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
         pytest.skip(f"{path}: the anchor kernel's SASS is not at hand")
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
     function = next(f for f in sass.parse_sass(Path(path).read_text()) if part in f.name)
-    record = c.sass_record(function, kernel["warps"], V100)
+    record = sass_mix.sass_record(function, kernel["warps"], V100)
     assert {k: kernel["loop"][k] for k in ("critical_cycles", "critical_warps")} == \
         {k: record["loop"][k] for k in ("critical_cycles", "critical_warps")}
     assert kernel["outside"] == record["outside"]
@@ -335,7 +336,7 @@ def function(lines: list[str]):
 
 
 def test_mix_reads_the_step_form_and_counts_passes_not_bytes():
-    from fa2patch.report import mix_of
+    from fa2patch.sass_mix import mix_of
 
     f = function(["HMMA.884.F32.F32.STEP0 R0, R8.ROW, R10.COL, R0", "HMMA.884.F16.F16.STEP1 R4, R8, R10, R4",
                   "LDS.U.128 R20, [R2]", "LDS.U16 R24, [R2+0x10]", "STS.64 [R3], R20", "FFMA R1, R1, R1, R1",
@@ -349,7 +350,7 @@ def test_mix_reads_the_step_form_and_counts_passes_not_bytes():
 
 
 def test_load_rounds_waiting_in_the_same_iteration_and_loads_issued_ahead():
-    from fa2patch.report import load_use_gaps
+    from fa2patch.sass_mix import load_use_gaps
 
     same = function(["LDG.E.128.SYS R4, [R2]", "IADD3 R9, R9, 1, RZ", "LDG.E.128.SYS R12, [R2+0x10]",
                      "STS.128 [R3], R6", "STS.128 [R3+0x10], R12",          # one round: uses R6 of R4..R7

@@ -7,7 +7,8 @@ import pytest
 
 from fa2patch import sass, toolchain
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.report import kernel_rows, occupancy
+from fa2patch.report import kernel_rows
+from fa2patch.v100model import occupancy
 from fa2patch.v100model import load_v100
 from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
 
@@ -138,7 +139,7 @@ def test_real_long_prefill_loops_agree_with_its_tiles(built_sm70):
     the pv loop exponentiates each of its rows x keys scores once (MUFU.EX2 per thread: rows x
     keys / threads), the qk loop none; each tile's code outside its loop is found and runs its
     own global loads; two CTAs per SM, tensor-bound."""
-    from fa2patch.report import gqa_loops
+    from fa2patch.gqa_route import tile_loops as gqa_loops
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
@@ -198,7 +199,8 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
     run: the row max and sum by SHFL, the P exchange between barriers, MUFU), which costs one CTA's
     iteration more than its busiest pipe and less than all its pipes end to end; the long-prefill
     tiles, two CTAs per SM, are bound by their pipes (the other CTA fills each one's serial phase)."""
-    from fa2patch.report import cheapest_hot_loop, gqa_loops
+    from fa2patch.exact_route import cheapest_hot_loop
+    from fa2patch.gqa_route import tile_loops as gqa_loops
     from fa2patch.v100model import LoopMix, load_v100
 
     v100 = load_v100()
@@ -225,7 +227,7 @@ def test_real_split_kv_route(built_sm70):
     output row; its verdicts follow its ranges."""
     from fa2patch.shapes import Shape
     from fa2patch.calibration import calibrate
-    from fa2patch.report import predict_routes
+    from fa2patch.report import predict_routes, read_gqa_plans
     from fa2patch.v100model import Card, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -237,7 +239,8 @@ def test_real_split_kv_route(built_sm70):
     v100 = load_v100()
     cal = calibrate(v100)
     shape = Shape(4096, 32768, 6, 1, 256, True, 0.0625)
-    dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4))
+    plans = read_gqa_plans(artifact, [shape])[1]
+    dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4), plans)
     forward = dense["launches"][0]
     assert forward["ctas"] == 64 * 6 and gqa["route"] == "sm70-gqa-prefill"
     for s, p in zip((2, 3, 4), splits):
@@ -261,7 +264,7 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     from dataclasses import asdict
 
     from fa2patch.shapes import Shape
-    from fa2patch.report import route_launches
+    from fa2patch.report import read_gqa_plans, route_launches
     from fa2patch.v100model import Calibration, Card, estimate_route, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -271,7 +274,8 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
                                 (Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-gqa-prefill", 1320.0),
                                 (Shape(1024, 16384, 4, 1, 256, True, 0.0625), "sm70-dense", 1500.0)):
         card = Card(80, clock)
-        ms = estimate_route(route_launches(shape, rows, route, card, artifact), card, load_v100(),
+        plans = read_gqa_plans(artifact, [shape])[1]
+        ms = estimate_route(route_launches(shape, rows, route, card, artifact, plans), card, load_v100(),
                             Calibration(1.3, 20000), clock)["ms"]
         cases.append({"route": route, "shape": asdict(shape), "label": shape.label, "median_ms": ms,
                       "clocks": {"sm_clock_mhz": {"min": clock, "median": clock, "max": clock}}})

@@ -165,15 +165,19 @@ def test_split_rows_and_their_verdicts():
     """Split rows follow the exact and long-prefill rows on prefill shapes; vs_dense / vs_gqa are
     the other route's time over the split one's, "faster"/"slower" only where the ranges (x0.9 ..
     x1.2 here) do not overlap; no split row for decode (q=1) or without a combine kernel."""
+    import gqa_oracle
     from test_report_gqa import gqa_geometry, loop as gqa_loop
 
     dense = kernel_row(256, instructions=2000, warps=8)
     gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
            "hot_loops": [gqa_loop(16), gqa_loop(0)]}
     rows = [dense, gqa, {"kernel": "combine", "combine": combine_row(), "hot_loops": []}]
-    for shape in (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
-                  Shape(4096, 32768, 6, 1, 256, True, 0.0625)):
-        preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4))
+    shapes = (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
+              Shape(4096, 32768, 6, 1, 256, True, 0.0625))
+    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)     # report models the long-prefill op at q=1 too
+    plans = {(s.q, s.kv, s.hq, s.hkv): gqa_oracle.plan(s.q, s.kv, s.hq, s.hkv) for s in (*shapes, decode, SHAPES[4])}
+    for shape in shapes:
+        preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4), plans)
         routes = [(p["route"], p["plan"].get("splits", 1)) for p in preds]
         has_gqa = not shape.decode
         assert routes == [("sm70-dense", 1)] + [("sm70-gqa-prefill", 1)] * has_gqa + [
@@ -188,9 +192,8 @@ def test_split_rows_and_their_verdicts():
                 ratio = p[key]
                 assert p[f"{key}_verdict"] == ("faster" if ratio > 1.2 / 0.9 else "slower" if ratio < 0.9 / 1.2
                                                else "not separated")
-    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)     # report models the long-prefill op at q=1 too
-    assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,))] == [
+    assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
         "sm70-dense", "sm70-gqa-prefill"]
     no_combine = [dense, gqa]
-    assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,))] == [
+    assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
         "sm70-dense", "sm70-gqa-prefill"]

@@ -362,8 +362,8 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
     their residuals)."""
     from .shapes import parse_shapes
-    from .report import render
     from .report import report as do_report
+    from .report_text import render
     from .v100model import Card
     from .extension import load_manifest
 

@@ -127,16 +127,17 @@ for sizes in json.loads(sys.argv[2]):
         continue
     try:
         plans.append(json.loads(ops.gqa_prefill_plan(*sizes)))
-    except Exception as exc:    # a size the op refuses: its typed error, first line
-        plans.append({"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"})
+    except Exception as exc:    # sizes the op refuses: its typed error, first line
+        plans.append({"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", "refused": True})
 print(json.dumps({"build_info": json.loads(ops.build_info()), "gqa_plans": plans}))
 """
 
 
 def read_extension(artifact: Path, gqa_sizes: list[tuple[int, int, int, int]] = ()) -> dict:
     """{build_info, gqa_plans} read in one subprocess (torch, no GPU): build_info() and, for each
-    (seqlen_q, seqlen_k, num_heads_q, num_heads_k) of ``gqa_sizes``, gqa_prefill_plan's JSON or
-    {error} where the op refuses the sizes; {error} when the extension does not load."""
+    (seqlen_q, seqlen_k, num_heads_q, num_heads_k) of ``gqa_sizes``, gqa_prefill_plan's JSON, or
+    {error, refused: true} where the op refuses the sizes, or {error} where the build has no such op;
+    {error} when the extension does not load."""
     return python_json(EXTENSION_PROBE, str(artifact), json.dumps([list(s) for s in gqa_sizes]))
 
 

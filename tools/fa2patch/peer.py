@@ -9,8 +9,8 @@ Two halves:
 
 - ``extract`` (slow, needs the Triton that vLLM's torch pins; not run in CI): compiles the
   kernels for capability 7.0 offline (peer_compile.py), reads their SASS with the same pipeline as
-  our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``report.mix_of``,
-  ``report.outside_row``) and writes data/peer_vllm_triton.toml. Command:
+  our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
+  ``sass_mix.outside_row``) and writes data/peer_vllm_triton.toml. Command:
 
       python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python \\
           --out tools/fa2patch/data/peer_vllm_triton.toml
@@ -35,10 +35,11 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from . import peer_compile, report, sass, toolchain
+from . import peer_compile, sass, sass_mix, toolchain
 from .shapes import Shape
 from .errors import EnvironmentProblem
-from .v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_data, load_v100, lower_bound
+from .v100model import (Card, CtaKind, KernelLaunch, LoopMix, access_passes, estimate_launch, load_data, load_v100,
+                        lower_bound, occupancy)
 
 NAME = "vllm-triton"
 TRITON_PIN = ("vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
@@ -126,7 +127,7 @@ def runs(kinds: dict[str, CtaKind], order: list[tuple[str, int]]) -> list[CtaKin
 
 
 def launch_of(name: str, parts: list[CtaKind], variant: dict, hbm: float, v100: dict) -> KernelLaunch:
-    occ = report.occupancy(variant["registers"], variant["shared"], 32 * variant["num_warps"], v100)
+    occ = occupancy(variant["registers"], variant["shared"], 32 * variant["num_warps"], v100)
     head = parts[0]
     return KernelLaunch(name, head.loop, head.iterations, variant["num_warps"], occ["blocks_per_sm"], head.epilogue,
                         head.prologue_load_rounds, hbm, tuple(parts[1:]))
@@ -233,14 +234,14 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     inside = {i.addr for i in loop.instrs} if loop else set()
     out = {"registers": res.registers, "stack": res.stack, "spill_stores": ptx.spill_stores,
            "spill_loads": ptx.spill_loads, "static_instructions": len(function.instrs),
-           "outside": report.outside_row([i for i in function.instrs if i.addr not in inside])}
+           "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside])}
     out["outside"]["model_mix"] = {k: v for k, v in out["outside"]["model_mix"].items() if k != "load_use_gaps"}
     if loop is not None:
-        counts, m = report.mix_of(loop.instrs)
-        local = [i.op for i in loop.instrs if report.base(i.op) in ("LDL", "STL")]
+        counts, m = sass_mix.mix_of(loop.instrs)
+        local = [i.op for i in loop.instrs if sass_mix.base(i.op) in ("LDL", "STL")]
         out["loop"] = {"start": loop.start, "end": loop.end, "instructions": len(loop.instrs), "mix": counts,
                        "model_mix": {**vars(m), "load_use_gaps": list(m.load_use_gaps)},
-                       "local_passes": sum(report.access_passes(report.access_bytes(op)) for op in local)}
+                       "local_passes": sum(access_passes(sass_mix.access_bytes(op)) for op in local)}
     return out
 
 

@@ -85,6 +85,11 @@ def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[
     return anchors, skipped
 
 
+def shapes_of(paths: list[Path]) -> list[Shape]:
+    """The shapes of every case of the bench files (for what report reads from the extension first)."""
+    return [Shape(**case["shape"]) for p in paths for case in read_bench(p)["results"] if "shape" in case]
+
+
 def load(paths: list[Path], launches_for) -> tuple[list[dict], list[dict]]:
     """Every file's anchors and skipped cases; an unreadable or non-SM70 file refuses the run."""
     docs = [(Path(p), read_bench(p)) for p in paths]
