@@ -321,9 +321,9 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)
-    functions = [f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
+    functions = [f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
                                                            artifact)) if f.arch == "sm_70"]
-    built = list(sass.demangle([f.name for f in functions]).values())
+    built = list(toolchain.demangle([f.name for f in functions]).values())
     listed = []
     for k in info["kernels"]:
         matches = [name for name in built if k["kernel"] in name]
@@ -347,8 +347,6 @@ def test_route_names_are_written_once_in_each_language(real_workspace):
     """fa2patch.routes (Python) spells each route as route_names.h (C++) does, and the C++ sources
     write no route name outside that header (comments aside)."""
     import re
-
-    from fa2patch import routes
 
     fa2patch_dir = real_workspace / "csrc/flash_attn/fa2patch"
     header = (fa2patch_dir / "route_names.h").read_text()

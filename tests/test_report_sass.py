@@ -46,7 +46,7 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
         __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
     """)
     obj, _ = compile_cu(clang_cuda, src, tmp_path)
-    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
+    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
                                                                             ["-sass"], obj))}
     forms = {name: sorted({op for op in f.opcodes if op.startswith("HMMA")}) for name, f in funcs.items()}
     assert forms["_Z8f32_loop"] == [f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
@@ -121,9 +121,9 @@ def test_real_exact_route_hot_loops_hold_no_inner_loop(built_sm70):
     loop whose trip count the SASS does not say). The long-prefill kernel's qk loop holds one short
     loop (the page step of the paged K walk, a few instructions, counted once)."""
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    listing = sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], artifact)
+    listing = toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], artifact)
     functions = [f for f in sass.parse_sass(listing) if f.arch == "sm_70"]
-    pretty = sass.demangle([f.name for f in functions])
+    pretty = toolchain.demangle([f.name for f in functions])
     forward = [f for f in functions if "flash_fwd_sm70_kernel<" in pretty[f.name]]
     assert len(forward) == 4 and all(f.hot_loops() for f in forward)
     for f in forward:

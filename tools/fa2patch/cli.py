@@ -170,7 +170,7 @@ def doctor(ctx, vllm_python, as_json):
 
 
 def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
-    from .package import vllm_release
+    from .vllm_sdist import vllm_release
     from .vllm_doctor import diagnose
 
     result = diagnose(python, ctx.project.root, vllm_release(ctx.project))

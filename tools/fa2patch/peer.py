@@ -221,9 +221,9 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     """One compiled variant read with the pipeline our kernels go through: resources, the main
     loop's mix (every instruction once: Triton's loop has no inner loop) and the code outside it."""
     # A bare cubin's listing names no "arch = sm_XX" section (a fat binary's does).
-    usage = sass.cuobjdump(cuobjdump, ["--dump-resource-usage"], cubin)
+    usage = toolchain.cuobjdump(cuobjdump, ["--dump-resource-usage"], cubin)
     (res,) = sass.parse_resource_usage(usage if "arch = sm_" in usage else f"arch = sm_70\n{usage}")
-    (function,) = sass.parse_sass(sass.cuobjdump(cuobjdump, ["-sass"], cubin))
+    (function,) = sass.parse_sass(toolchain.cuobjdump(cuobjdump, ["-sass"], cubin))
     (ptx,) = sass.parse_ptxas_log(ptxas_log).values()
     loop = function.main_loop()
     if loop is not None and len(loop.instrs) <= len(function.instrs) // 4:
@@ -247,7 +247,7 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
 
 def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
     """Compile every variant with ``python`` (an environment with vLLM's Triton) and read it."""
-    from .package import extract_vllm_sources, vllm_release
+    from .vllm_sdist import extract_vllm_sources, vllm_release
     from .project import Project
 
     project = Project.find()

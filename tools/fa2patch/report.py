@@ -80,10 +80,10 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
     v100 = load_v100()
-    res = {r.name: r for r in sass.parse_resource_usage(sass.cuobjdump(tool, ["--dump-resource-usage"], artifact))
+    res = {r.name: r for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact))
            if r.arch == arch}
-    functions = [f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact)) if f.arch == arch]
-    pretty = sass.demangle([f.name for f in functions])
+    functions = [f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact)) if f.arch == arch]
+    pretty = toolchain.demangle([f.name for f in functions])
     out, unlaunched = [], []
     for f in functions:
         r = res.get(f.name)

@@ -1,5 +1,6 @@
-"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings;
-and the one way kernel names are matched (``kernel_matches``).
+"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings (text
+in, dataclasses out: toolchain.cuobjdump and toolchain.demangle run the tools); and the one way
+kernel names are matched (``kernel_matches``).
 
 Used by `verify` (budgets, tensor-core checks, launch configurations) and `report` (loop mixes,
 operands of loads).
@@ -7,11 +8,8 @@ operands of loads).
 
 import fnmatch
 import re
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .errors import EnvironmentProblem
 
 
 @dataclass
@@ -192,32 +190,6 @@ def parse_sass(text: str) -> list[SassFunction]:
                 target = int(t.group(1), 16)
             current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip(), m.group(2) is not None))
     return functions
-
-
-NO_DEVICE_CODE = "does not contain device code"
-
-
-def cuobjdump(tool: Path, args: list[str], binary: Path) -> str:
-    """Run cuobjdump; a binary without device code gives an empty listing."""
-    try:
-        proc = subprocess.run([str(tool), *args, str(binary)], capture_output=True, text=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"{tool}: cannot run cuobjdump: {exc}") from exc
-    if proc.returncode != 0:
-        if NO_DEVICE_CODE in proc.stdout + proc.stderr:
-            return ""
-        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: "
-                                 f"{proc.stderr.strip()}")
-    return proc.stdout
-
-
-def demangle(names: list[str]) -> dict[str, str]:
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                             check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {n: n for n in names}
-    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
 
 
 def kernel_matches(demangled: str, pattern: str) -> bool:

@@ -153,15 +153,15 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
     default, overrides = load_budgets(budgets_path)
     arch = manifest["arch"]
     resources = [r for r in sass.parse_resource_usage(
-        sass.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
-    functions = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact))
+        toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
+    functions = {f.name: f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact))
                  if f.arch == arch}
     # Without the build's ptxas -v log (an artifact built elsewhere, e.g. by CMake), spills are
     # bounded by the binary's stack frame: spilled registers live there, so 0 proves none.
     from_log = manifest.get("ptxas_kernels") is not None
     ptxas = {k["name"]: k for k in manifest["ptxas_kernels"] or []}
     names = sorted({r.name for r in resources} | set(ptxas))
-    pretty = sass.demangle(names)
+    pretty = toolchain.demangle(names)
     patterns = manifest["tensor_core_kernels"]
     rows = []
     by_name = {r.name: r for r in resources}
