@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from fa2patch import profile, tune, tune_plan
+from fa2patch import profile, tune, tune_plan, tune_worker
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.tune_plan import ModelHeads, RankHeads, chunk_plan, grid_points, kv_points, per_rank, q_points
 
@@ -424,7 +424,7 @@ class FakeCall:
         self.log, self.fail = log, fail
 
     def varlen(self):
-        self.log.append(("varlen", os.environ.get(tune.ENV_EXACT)))
+        self.log.append(("varlen", os.environ.get(tune_worker.ENV_EXACT)))
         if self.fail:
             raise RuntimeError("refused")
 
@@ -434,27 +434,27 @@ class FakeCall:
 
 def test_run_route_forces_each_route():
     ops = FakeOps()
-    tune.run_route(ops, "sm70-dense", 1, FakeCall(ops.log))
-    tune.run_route(ops, "sm70-dense", 3, FakeCall(ops.log))
-    tune.run_route(ops, "sm70-gqa-prefill", 1, FakeCall(ops.log))
+    tune_worker.run_route(ops, "sm70-dense", 1, FakeCall(ops.log))
+    tune_worker.run_route(ops, "sm70-dense", 3, FakeCall(ops.log))
+    tune_worker.run_route(ops, "sm70-gqa-prefill", 1, FakeCall(ops.log))
     assert ops.log == [("hook", 1), ("varlen", "0"), ("hook", 0), ("hook", 3), ("varlen", "0"), ("hook", 0),
                        ("gqa", None)]
     bare = FakeOps(hook=False)
-    tune.run_route(bare, "sm70-dense", 1, FakeCall(bare.log))
+    tune_worker.run_route(bare, "sm70-dense", 1, FakeCall(bare.log))
     assert bare.log == [("varlen", "0")]
 
 
 def test_run_route_restores_the_split_hook_when_the_call_fails():
     ops = FakeOps()
     with pytest.raises(RuntimeError, match="refused"):
-        tune.run_route(ops, "sm70-dense", 2, FakeCall(ops.log, fail=True))
+        tune_worker.run_route(ops, "sm70-dense", 2, FakeCall(ops.log, fail=True))
     assert ops.log[-1] == ("hook", 0)
 
 
 def test_split_kv_without_the_hook_is_not_measured():
     ops = FakeOps(hook=False)
-    with pytest.raises(tune.RouteNotForced, match="_routing_prefill_splits_for_testing"):
-        tune.run_route(ops, "sm70-dense", 2, FakeCall(ops.log))
+    with pytest.raises(tune_worker.RouteNotForced, match="_routing_prefill_splits_for_testing"):
+        tune_worker.run_route(ops, "sm70-dense", 2, FakeCall(ops.log))
     assert ops.log == []
 
 
@@ -605,7 +605,7 @@ class CpuOps:
         self.splits = n
 
     def varlen_fwd(self, q, k, v, out, *args):
-        assert os.environ[tune.ENV_EXACT] == "0"
+        assert os.environ[tune_worker.ENV_EXACT] == "0"
         name = self.count_as or ("sm70-dense-splitkv" if self.splits > 1 else "sm70-dense")
         self.counts[name] = self.counts.get(name, 0) + 1
         out.copy_(q)
@@ -628,12 +628,12 @@ ROUTES = [("sm70-dense", 1), ("sm70-dense", 2), ("sm70-gqa-prefill", 1)]
 @pytest.fixture(autouse=True)
 def restore_route_env(monkeypatch):
     """run_route sets the exact-route switch in this process: restore it after each test."""
-    monkeypatch.setenv(tune.ENV_EXACT, "1")
+    monkeypatch.setenv(tune_worker.ENV_EXACT, "1")
 
 
 def test_measure_point_times_checks_and_compares():
     ops = CpuOps()
-    event = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)
+    event = tune_worker.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)
     rows = {(r["route"], r["splits"]): r for r in event["rows"]}
     assert (event["q"], event["kv"], event["clocks"]) == (40, 100, None)
     assert all(len(r["times_ms"]) == 3 and r["ok"] for r in rows.values()), rows
@@ -645,24 +645,23 @@ def test_measure_point_times_checks_and_compares():
 
 def test_a_route_that_breaks_the_numerics_is_marked():
     ops = CpuOps(gqa_error=1e-2)
-    rows = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)["rows"]
+    rows = tune_worker.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES, None, None)["rows"]
     gqa = next(r for r in rows if r["route"] == "sm70-gqa-prefill")
     assert gqa["ok"] is False and gqa["numerics"]["rel_l2"] > 1e-3
 
 
 def test_a_route_that_was_not_forced_is_an_error_not_a_measurement():
     ops = CpuOps(count_as="sm70-gqa-prefill")   # the router took another route than the one forced
-    rows = tune.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES[:2], None, None)["rows"]
+    rows = tune_worker.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES[:2], None, None)["rows"]
     assert all("RouteNotForced" in r["error"] and not r["times_ms"] for r in rows)
 
 
 def test_the_loaded_library_is_found_in_the_process_maps():
-    path = tune.loaded_library("libc.so")           # any shared object this process mapped
+    path = tune_worker.loaded_library("libc.so")           # any shared object this process mapped
     if path is None:
         pytest.skip("no /proc/self/maps here")
     assert os.path.isfile(path) and "libc.so" in os.path.basename(path)
-    assert tune.sha256_of(path) == hashlib.sha256(open(path, "rb").read()).hexdigest()
-    assert tune.loaded_library("no-such-library-name") is None
+    assert tune_worker.loaded_library("no-such-library-name") is None
 
 
 def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
