@@ -12,6 +12,7 @@ import pytest
 from fa2patch import peer, peer_compile, sass, sass_mix
 from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, load_data, load_v100
+from fa2patch.routes import EXACT
 
 DATA = load_data(peer.DATA)
 
@@ -166,7 +167,7 @@ def test_report_section_compares_model_with_model():
     the same shape (both uncalibrated), and the plain statement that the peer has no tensor cores."""
     s = shape(4096, 4096, 6, 1, 256)
     e = peer.peer_estimate(s, Card(72, 1530.0), DATA, load_v100())
-    route = {"label": s.label, "route": "sm70-dense", "model_ms": e["model_ms"] / 4}
+    route = {"label": s.label, "route": EXACT, "model_ms": e["model_ms"] / 4}
     text = peer.render([e], [route])
     assert "WITHOUT tensor cores" in text and "uncalibrated" in text
     assert "sm70-dense 4.00x" in text

@@ -336,7 +336,7 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
             routes = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
             assert k["route"] in routes and all(isinstance(v, int) and v > 0 for v in tile), k
     assert sorted(listed) == sorted(built)
-    dense = [k for k in info["kernels"] if k["route"] == "sm70-dense"]
+    dense = [k for k in info["kernels"] if k["route"] == routes.EXACT]
     assert [k["kernel"] for k in dense] == [f"flash_fwd_sm70_kernel<{d}>" for d in cpp_head_dims(real_workspace)]
     assert [k["head_dim"] for k in dense] == cpp_head_dims(real_workspace)
     sass_dims = sorted(int(m.group(1)) for name in built if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))

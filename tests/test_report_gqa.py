@@ -11,7 +11,7 @@ import gqa_oracle
 from fa2patch import gqa_route
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import predict_routes, route_geometry, route_launches
-from fa2patch.routes import GQA as GQA_ROUTE
+from fa2patch.routes import EXACT, GQA
 from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_v100, lower_bound
 
@@ -23,7 +23,7 @@ CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.
 def gqa_geometry():
     """A build_info() entry of the long-prefill kernel as the extension declares it (report reads
     its tiles; the block plan comes from the op)."""
-    return {"kernel": "sm70_gqa_prefill_kernel", "threads": 128, "dynamic_smem": 44032, "route": GQA_ROUTE,
+    return {"kernel": "sm70_gqa_prefill_kernel", "threads": 128, "dynamic_smem": 44032, "route": GQA,
             "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4,
             "tiles": [{"kind": "qk", "rows_per_cta": 128, "keys_per_iteration": 128, "head_dims_per_iteration": 32},
                       {"kind": "pv", "rows_per_cta": 64, "keys_per_iteration": 32, "head_dims_per_iteration": 256}]}
@@ -123,7 +123,7 @@ def loop(mufu, hmma_steps=512, instructions=700):
 
 
 def gqa_rows():
-    dense_geo = {"kernel": "flash_fwd_sm70_kernel<256>", "threads": 128, "dynamic_smem": 1, "route": "sm70-dense",
+    dense_geo = {"kernel": "flash_fwd_sm70_kernel<256>", "threads": 128, "dynamic_smem": 1, "route": EXACT,
                  "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4}
     dense = {"kernel": "dense", "geometry": dense_geo, "occupancy": {"blocks_per_sm": 1}, "hot_loops": [loop(0)]}
     gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
@@ -138,7 +138,7 @@ def test_route_estimate_and_ab_against_the_dense_route():
     shape = Shape(1024, 4096, 6, 1, 256, True, 0.0625)
     plans = {gqa_route.sizes(shape): gqa_oracle.plan(1024, 4096, 6, 1)}
     d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT, (), plans)  # locked below every duty clock
-    assert (d["route"], g["route"]) == ("sm70-dense", GQA_ROUTE)
+    assert (d["route"], g["route"]) == (EXACT, GQA)
     assert g["vs_dense"] == pytest.approx(d["calibrated_ms"] / g["calibrated_ms"])
     # Ranges of +-10%: separated only where one route is more than 1.1 / 0.9 = 1.22x faster.
     expected = ("faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1
@@ -152,7 +152,7 @@ def test_route_estimate_and_ab_against_the_dense_route():
                   Shape(1024, 4096, 6, 1, 256, True, 0.0625, b=2)):
         kernels = [dense, gqa] if other.d == 256 else [{**dense, "geometry": {**dense_geo, "head_dim": 128}}, gqa]
         assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] \
-            == ["sm70-dense"]
+            == [EXACT]
 
 
 def test_what_the_op_refuses_is_no_route_and_a_missing_plan_is_an_error():
@@ -162,9 +162,9 @@ def test_what_the_op_refuses_is_no_route_and_a_missing_plan_is_an_error():
     shape = Shape(100, 300, 32, 1, 256, True, 0.0625)
     refused = {gqa_route.sizes(shape): {"error": "ValueError: ... at most 16 query heads per KV head", "refused": True}}
     assert [p["route"] for p in predict_routes(shape, [dense, gqa], Card(80), V100, CAL, ARTIFACT, (), refused)] \
-        == ["sm70-dense"]
+        == [EXACT]
     with pytest.raises(EnvironmentProblem, match=r"no model of route 'sm70-gqa-prefill'"):
-        route_launches(shape, [dense, gqa], GQA_ROUTE, Card(80), ARTIFACT, refused)
+        route_launches(shape, [dense, gqa], GQA, Card(80), ARTIFACT, refused)
     missing = {gqa_route.sizes(shape): {"error": "this extension has no gqa_prefill_plan op (a build before it)"}}
     for plans, why in ((missing, "this extension has no gqa_prefill_plan op"), ({}, "not read")):
         with pytest.raises(EnvironmentProblem, match=rf"no long-prefill plan for Q=100 KV=300 .*: {why}"):
@@ -173,10 +173,10 @@ def test_what_the_op_refuses_is_no_route_and_a_missing_plan_is_an_error():
 
 def test_gqa_geometry_is_checked():
     info = {"kernels": [gqa_geometry()]}
-    assert route_geometry(info, ARTIFACT, GQA_ROUTE)[0]["tiles"][0]["kind"] == "qk"
+    assert route_geometry(info, ARTIFACT, GQA)[0]["tiles"][0]["kind"] == "qk"
     no_pv = {"kernels": [{**gqa_geometry(), "tiles": gqa_geometry()["tiles"][:1]}]}
     with pytest.raises(EnvironmentProblem, match=r"lacks tiles\[pv\].rows_per_cta"):
-        route_geometry(no_pv, ARTIFACT, GQA_ROUTE)
+        route_geometry(no_pv, ARTIFACT, GQA)
 
 
 def test_each_tile_is_charged_the_code_its_ctas_can_reach():

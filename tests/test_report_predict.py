@@ -12,6 +12,7 @@ from fa2patch.errors import EnvironmentProblem
 from fa2patch.exact_route import dense_plan, fa2_num_splits
 from fa2patch.report import predict, route_geometry
 from fa2patch.v100model import Card, LoopMix, load_v100
+from fa2patch.routes import EXACT
 from helpers import REPO
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -22,7 +23,7 @@ CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_rang
 def geometry(head_dim, rows=64, keys=32, warps=4):
     """A build_info() kernel entry as the extension declares it."""
     return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": "sm70-dense", "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
+            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
             "warps": warps}
 
 

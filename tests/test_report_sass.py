@@ -10,6 +10,7 @@ from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import kernel_rows
 from fa2patch.v100model import occupancy
 from fa2patch.v100model import load_v100
+from fa2patch.routes import EXACT, GQA, SPLITKV
 from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
 
 MMA_F16 = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, "
@@ -69,7 +70,7 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 
 # --- The real sm_70 build -------------------------------------------------------------------------
 
-def real_geometry(artifact, route="sm70-dense"):
+def real_geometry(artifact, route=EXACT):
     """The build's kernels of a route with the geometry its build_info() declares."""
     from fa2patch.extension import load_build_info
     from fa2patch.report import route_geometry
@@ -82,7 +83,7 @@ def real_rows(artifact):
     routes' geometry."""
     from fa2patch.extension import launches_of, load_build_info
 
-    geometry = real_geometry(artifact) + real_geometry(artifact, "sm70-gqa-prefill")
+    geometry = real_geometry(artifact) + real_geometry(artifact, GQA)
     return kernel_rows(artifact, "sm_70", launches_of(load_build_info(artifact)), geometry)
 
 
@@ -95,7 +96,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     from fa2patch.v100model import load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-dense"]
+    rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == EXACT]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
     latency = load_v100()["dependent_ldg_l2_hit_cycles"]
     for r in rows:
@@ -142,7 +143,7 @@ def test_real_long_prefill_loops_agree_with_its_tiles(built_sm70):
     from fa2patch.gqa_route import tile_loops as gqa_loops
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == GQA]
     g = row["geometry"]
     tiles = {t["kind"]: t for t in g["tiles"]}
     loops = gqa_loops(row)
@@ -166,7 +167,7 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8;q=1024,kv=16384,hq=6,hkv=1,d=256"
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
     assert "calibrated: the model with cycle factor" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
-    assert "sm70-gqa-prefill" in proc.stdout and "qk tensor, pv tensor" in proc.stdout
+    assert GQA in proc.stdout and "qk tensor, pv tensor" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)
     assert out["card"]["sms"] == 72 and out["calibration"]["within_targets"]
@@ -174,11 +175,11 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
     # Both routes for the causal D=256 shapes (the long-prefill one with its A/B) and split-KV x2..4
     # (the default --splits) on the prefill shapes; dense alone for decode.
-    splits = [(label, "sm70-dense-splitkv", s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
+    splits = [(label, SPLITKV, s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
     assert [(p["label"].split(" Hq")[0], p["route"], p["plan"].get("splits", 1)) for p in out["predictions"]] == [
-        ("Q=8192 KV=8192", "sm70-dense", 1), ("Q=8192 KV=8192", "sm70-gqa-prefill", 1), *splits[:3],
-        ("B=8 Q=1 KV=4096", "sm70-dense", out["predictions"][5]["plan"]["splits"]),
-        ("Q=1024 KV=16384", "sm70-dense", 1), ("Q=1024 KV=16384", "sm70-gqa-prefill", 1), *splits[3:]]
+        ("Q=8192 KV=8192", EXACT, 1), ("Q=8192 KV=8192", GQA, 1), *splits[:3],
+        ("B=8 Q=1 KV=4096", EXACT, out["predictions"][5]["plan"]["splits"]),
+        ("Q=1024 KV=16384", EXACT, 1), ("Q=1024 KV=16384", GQA, 1), *splits[3:]]
     prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
     lo, hi = out["calibration"]["loo_range"]
     for p in (prefill, gqa, decode):
@@ -205,7 +206,7 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
 
     v100 = load_v100()
     rows = real_rows(built_sm70 / "_vllm_fa2_C.abi3.so")
-    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-dense"
+    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == EXACT
                 and r["geometry"]["head_dim"] == 256)
     lp = cheapest_hot_loop(d256)
     serial = lp["serial_runs"][0]
@@ -213,7 +214,7 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
     pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
     assert max(pipes.values()) < lp["critical_cycles"] < sum(pipes.values())
     assert d256["outside"]["cycles"] > 0 and d256["outside"]["instructions"] > 0
-    (gqa,) = [r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    (gqa,) = [r for r in rows if r["geometry"] and r["geometry"]["route"] == GQA]
     k = gqa["occupancy"]["blocks_per_sm"]
     for name, lp in gqa_loops(gqa).items():
         pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
@@ -242,10 +243,10 @@ def test_real_split_kv_route(built_sm70):
     plans = read_gqa_plans(artifact, [shape])[1]
     dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4), plans)
     forward = dense["launches"][0]
-    assert forward["ctas"] == 64 * 6 and gqa["route"] == "sm70-gqa-prefill"
+    assert forward["ctas"] == 64 * 6 and gqa["route"] == GQA
     for s, p in zip((2, 3, 4), splits):
         fwd, comb = p["launches"]
-        assert (p["route"], p["plan"]["splits"]) == ("sm70-dense-splitkv", s)
+        assert (p["route"], p["plan"]["splits"]) == (SPLITKV, s)
         assert fwd["ctas"] == s * forward["ctas"] and fwd["cta_iterations"] == forward["cta_iterations"]
         assert comb["ctas"] == 6 * 4096 // 4 and comb["name"] == "splitkv_combine_sm70_kernel"
         assert p["plan"]["partial_bytes"] == s * 6 * 4096 * (256 * 4 + 4)
@@ -270,9 +271,9 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     rows = real_rows(artifact)
     cases = []
-    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-dense", 1440.0),
-                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-gqa-prefill", 1320.0),
-                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), "sm70-dense", 1500.0)):
+    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), EXACT, 1440.0),
+                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), GQA, 1320.0),
+                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), EXACT, 1500.0)):
         card = Card(80, clock)
         plans = read_gqa_plans(artifact, [shape])[1]
         ms = estimate_route(route_launches(shape, rows, route, card, artifact, plans), card, load_v100(),
@@ -287,7 +288,7 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     fit = out["anchor_fit"]
     assert fit["files"] == [str(bench)] and fit["after"]["anchors"] == fit["before"]["anchors"] + 3
     assert [(a["route"], a["clock_mhz"], a["card"]["sms"]) for a in fit["user_anchors"]] == [
-        ("sm70-dense", 1440.0, 80), ("sm70-gqa-prefill", 1320.0, 80), ("sm70-dense", 1500.0, 80)]
+        (EXACT, 1440.0, 80), (GQA, 1320.0, 80), (EXACT, 1500.0, 80)]
     users = [a for a in out["calibration"]["anchors"] if a["kind"] == "user"]
     assert len(users) == 3 and all({"residual", "loo_residual", "file", "clock_source"} <= set(a) for a in users)
     assert out["calibration"]["parameters"] == fit["after"]["parameters"] != fit["before"]["parameters"]

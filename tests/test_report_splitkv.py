@@ -13,6 +13,7 @@ from fa2patch.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import predict_routes
 from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
+from fa2patch.routes import EXACT, GQA, SPLITKV
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
@@ -134,7 +135,7 @@ def test_partial_bytes_and_the_combine_launch_by_hand():
 
 def geometry(head_dim, rows=64, keys=32, warps=4):
     return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": "sm70-dense", "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
+            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
             "warps": warps}
 
 
@@ -158,7 +159,7 @@ def test_a_split_route_timed_by_hand():
     assert dense["calibrated_ms"] == pytest.approx(2 * (1.5 * LATENCY + 6 * 900) / 1e6)
     assert split["calibrated_ms"] == pytest.approx((3 * (1.5 * LATENCY + 3 * 900) + 10 * 24) / 1e6)
     assert (split["route"], split["plan"]["splits"], split["vs_dense"]) == (
-        "sm70-dense-splitkv", 2, pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]))
+        SPLITKV, 2, pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]))
 
 
 def test_split_rows_and_their_verdicts():
@@ -180,8 +181,8 @@ def test_split_rows_and_their_verdicts():
         preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4), plans)
         routes = [(p["route"], p["plan"].get("splits", 1)) for p in preds]
         has_gqa = not shape.decode
-        assert routes == [("sm70-dense", 1)] + [("sm70-gqa-prefill", 1)] * has_gqa + [
-            ("sm70-dense-splitkv", s) for s in (2, 3, 4)]
+        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + [
+            (SPLITKV, s) for s in (2, 3, 4)]
         d, g = preds[0], (preds[1] if has_gqa else None)
         for p in preds[1 + has_gqa:]:
             for key, other in (("vs_dense", d), ("vs_gqa", g)):
@@ -193,7 +194,7 @@ def test_split_rows_and_their_verdicts():
                 assert p[f"{key}_verdict"] == ("faster" if ratio > 1.2 / 0.9 else "slower" if ratio < 0.9 / 1.2
                                                else "not separated")
     assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
-        "sm70-dense", "sm70-gqa-prefill"]
+        EXACT, GQA]
     no_combine = [dense, gqa]
     assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
-        "sm70-dense", "sm70-gqa-prefill"]
+        EXACT, GQA]
