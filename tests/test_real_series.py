@@ -333,8 +333,8 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
         if k["route"] is None:
             assert tile == [None] * 4, k
         else:
-            routes = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
-            assert k["route"] in routes and all(isinstance(v, int) and v > 0 for v in tile), k
+            names = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
+            assert k["route"] in names and all(isinstance(v, int) and v > 0 for v in tile), k
     assert sorted(listed) == sorted(built)
     dense = [k for k in info["kernels"] if k["route"] == routes.EXACT]
     assert [k["kernel"] for k in dense] == [f"flash_fwd_sm70_kernel<{d}>" for d in cpp_head_dims(real_workspace)]
