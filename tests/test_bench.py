@@ -2,9 +2,9 @@
 
 import pytest
 
-from fa2patch.bench import (DEFAULT_SHAPES, WARNING, Shape, attended_pairs, judge, parse_shapes, render,
-                            useful_flops)
+from fa2patch.bench import DEFAULT_SHAPES, WARNING, judge, render
 from fa2patch.errors import EnvironmentProblem
+from fa2patch.shapes import Shape, attended_pairs, parse_shapes, useful_flops
 
 
 def test_default_shapes_are_the_reference_family():

@@ -10,6 +10,8 @@ import pytest
 
 from fa2patch import bench, gpu_clocks
 from fa2patch.errors import EnvironmentProblem
+from fa2patch.shapes import Shape
+from fa2patch.routes import EXACT, GQA
 
 # NVML's clocks-event reason bits, copied by hand from nvml.h's documentation
 # ("NvmlClocksEventReasons"), independent of gpu_clocks.REASONS.
@@ -172,7 +174,7 @@ def test_bench_worker_finds_torchs_gpu_in_nvml(monkeypatch):
     props = types.SimpleNamespace(uuid="1234", pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
     torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_device=lambda: 0,
                                                              get_device_properties=lambda i: props))
-    module, handle, info = bench.open_nvml_for_torch(torch)
+    module, handle, info = gpu_clocks.open_for_torch(torch)
     assert module is nvml and handle == "h"
     assert info["available"] and info["driver"] == "570.86.15" and info["power_limit_w"] == 300.0
 
@@ -190,16 +192,16 @@ def test_merge_summaries():
 
 def _result(is_v100=True, throttled=True):
     clocks = gpu_clocks.summarize([_sample(1312, 0x4 if throttled else 0), _sample(1267, 0x0, power=299.0)], 0.01)
-    shape = bench.Shape(4096, 32768, 6, 1, 256, True, 1 / 16)
+    shape = Shape(4096, 32768, 6, 1, 256, True, 1 / 16)
     rows = []
-    for route, ms in (("sm70-dense", 12.0), ("sm70-gqa-prefill", 11.0)):
+    for route, ms in ((EXACT, 12.0), (GQA, 11.0)):
         rows.append({"route": route, "shape": vars(shape).copy(), "label": shape.label, "median_ms": ms,
                      "min_ms": ms - 0.1, "max_ms": ms + 0.2, "tflops": 50.0, "envelope_ok": True, "contract_ok": True,
                      "sm_clock_after": "1267 MHz", "clocks": clocks, "throttled": clocks["throttled"]})
     return {"gpu": "Tesla V100-SXM2-32GB" if is_v100 else "NVIDIA H200", "capability": "sm_70" if is_v100 else "sm_90",
             "sms": 80, "torch": "2.9.1+cu128", "cuda": "12.8", "fa2patch": "0.1.0", "sm_clock_idle": "135 MHz",
             "sm_clock_max": "1530 MHz", "driver": "570.86.15", "manifest_sha256": "ab" * 32,
-            "routes": ["sm70-dense", "sm70-gqa-prefill"], "is_v100": is_v100,
+            "routes": [EXACT, GQA], "is_v100": is_v100,
             "nvml": {"available": True, "device": "uuid GPU-1", "interval_ms": 10.0, "max_sm_clock_mhz": 1530,
                      "power_limit_w": 300.0},
             "results": rows}
@@ -216,7 +218,7 @@ def _fake_report(monkeypatch, with_range: bool, fail=False):
         seen.update(card=card, shapes=shapes)
         preds = []
         for s in shapes:
-            for route, ms in (("sm70-dense", 10.0), ("sm70-gqa-prefill", 12.5)):
+            for route, ms in ((EXACT, 10.0), (GQA, 12.5)):
                 p = {"label": s.label, "route": route, "calibrated_ms": ms, "model_ms": ms / 1.2}
                 if with_range:
                     p.update(calibrated_ms_low=ms * 0.9, calibrated_ms_high=ms * 1.1)

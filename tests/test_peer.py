@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch import peer, peer_compile, report, sass
-from fa2patch.bench import Shape
+from fa2patch import peer, peer_compile, sass, sass_mix
+from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, load_data, load_v100
+from fa2patch.routes import EXACT
 
 DATA = load_data(peer.DATA)
 
@@ -130,7 +131,7 @@ def test_main_loop_without_hmma():
     assert [(lp.start, lp.end) for lp in f.outer_loops()] == [(0x10, 0x30), (0x40, 0xb0), (0xd0, 0xd0)]
     main = f.main_loop()
     assert (main.start, main.end, len(main.instrs)) == (0x40, 0xb0, 8)
-    counts, mix = report.mix_of(main.instrs)
+    counts, mix = sass_mix.mix_of(main.instrs)
     assert (counts["fp32"], counts["fp16"], mix.fp32, mix.shared_passes) == (3, 1, 3, 4)
 
 
@@ -140,7 +141,7 @@ def test_fp16x2_and_local_memory_are_issue_only():
     text = "\n".join(f"        /*{i * 16:04x}*/                   {op} ;" for i, op in enumerate(
         ["HFMA2 R0, R1, R2, R3", "HADD2.F32 R4, -RZ, R5.H0_H0", "STL [R1], R6", "LDL.LU R7, [R1]", "FFMA R8, R8, R8, R8"]))
     (f,) = sass.parse_sass("        Function : k\n" + text)
-    counts, mix = report.mix_of(f.instrs)
+    counts, mix = sass_mix.mix_of(f.instrs)
     assert counts == {"fp16": 2, "local": 2, "fp32": 1}
     assert (mix.fp32, mix.shared_passes, mix.instructions) == (1, 0, 5)
 
@@ -166,7 +167,7 @@ def test_report_section_compares_model_with_model():
     the same shape (both uncalibrated), and the plain statement that the peer has no tensor cores."""
     s = shape(4096, 4096, 6, 1, 256)
     e = peer.peer_estimate(s, Card(72, 1530.0), DATA, load_v100())
-    route = {"label": s.label, "route": "sm70-dense", "model_ms": e["model_ms"] / 4}
+    route = {"label": s.label, "route": EXACT, "model_ms": e["model_ms"] / 4}
     text = peer.render([e], [route])
     assert "WITHOUT tensor cores" in text and "uncalibrated" in text
     assert "sm70-dense 4.00x" in text

@@ -4,9 +4,13 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 import tomllib
+from pathlib import Path
 
+import pytest
+
+import gqa_oracle
+from fa2patch import routes
 from helpers import REPO
 
 
@@ -107,7 +111,8 @@ def test_verify_detects_a_tampered_artifact(built_sm70, real_project, tmp_path):
 
 def test_ops_without_sm70_kernels_raise_instead_of_crashing(built_sm70):
     """The library loads on a GPU-less machine; build_info says what it has (routes exactly
-    when SM70 kernels are built); a call with CPU tensors raises and the process survives."""
+    when SM70 kernels are built); a call with CPU tensors is refused by torch's dispatcher (the
+    ops have CUDA kernels only) and the process survives."""
     code = r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
@@ -119,7 +124,7 @@ try:
                                      False, True, -1, -1, 0.0, False, 0, None)
     raised = None
 except Exception as exc:
-    raised = type(exc).__name__
+    raised = [type(exc).__name__, str(exc).splitlines()[0]]
 print(json.dumps({"info": info, "raised": raised}))
 """
     out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
@@ -127,103 +132,92 @@ print(json.dumps({"info": info, "raised": raised}))
     result = json.loads(out.strip().splitlines()[-1])
     assert result["info"]["library"] == "_vllm_fa2_C"
     assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
-    assert result["raised"] is not None
+    kind, message = result["raised"]
+    assert kind == "NotImplementedError" and "Could not run '_vllm_fa2_C::varlen_fwd'" in message \
+        and "'CPU' backend" in message
 
 
-def _prefill_workspace_bytes(sq, sk, hq, hk):
-    """The formula stated in gqa_prefill.h (make_plan), written out independently."""
-    up = lambda x, m: -(-x // m) * m  # noqa: E731
-    rows = hk * up(hq // hk * sq, 128)
-    block = min(max((768 << 20) // max(1, 2 * rows * 2) // 128 * 128, 256), 8192, max(128, up(sk, 128)))
-    return (2 * up(rows * block * 2, 256) + 2 * up(rows * (block // 128) * 4, 256) + up(rows * 1024, 256)
-            + up(rows * 8, 256))
-
-
-def test_long_prefill_ops_on_a_gpu_less_machine(built_sm70):
-    """gqa_prefill_workspace_bytes follows the stated formula and refuses what the route does not
-    take; build_info lists the route (an object naming its op) and its kernel with its geometry;
-    gqa_prefill_fwd with CPU tensors raises a typed error and the process survives."""
-    code = r"""
+LONG_PREFILL_OPS = r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
 ops = torch.ops._vllm_fa2_C
-shapes = [(8000, 128000, 6, 1), (8000, 40000, 6, 1), (16384, 262144, 16, 1), (1024, 300, 8, 2), (1, 1, 1, 1), (5, 0, 4, 4)]
-sizes = [ops.gqa_prefill_workspace_bytes(*s) for s in shapes]
-errors = []
-for bad in [(100, 300, 17, 1), (100, 300, 6, 4), (-1, 300, 6, 1)]:
+
+
+def refusal(call):
     try:
-        ops.gqa_prefill_workspace_bytes(*bad)
-        errors.append(None)
+        call()
+        return None
     except Exception as exc:
-        errors.append(type(exc).__name__)
+        return [type(exc).__name__, str(exc).splitlines()[0]]
+
+
+shapes = json.loads(sys.argv[2])
+bad = [(100, 300, 17, 1), (100, 300, 6, 4), (-1, 300, 6, 1)]
 q = torch.zeros(4, 6, 256, dtype=torch.float16)
 k = torch.zeros(4, 1, 256, dtype=torch.float16)
-try:
-    ops.gqa_prefill_fwd(q, k, k, None, None, 4, 0.0625, None)
-    raised = None
-except Exception as exc:
-    raised = type(exc).__name__
-print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": raised,
-                  "info": json.loads(ops.build_info())}))
+print(json.dumps({
+    "plans": [json.loads(ops.gqa_prefill_plan(*s)) for s in shapes],
+    "sizes": [ops.gqa_prefill_workspace_bytes(*s) for s in shapes],
+    "refused": [[refusal(lambda: op(*s)) for op in (ops.gqa_prefill_workspace_bytes, ops.gqa_prefill_plan)] for s in bad],
+    "cpu_call": refusal(lambda: ops.gqa_prefill_fwd(q, k, k, None, None, 4, 0.0625, None)),
+    "info": json.loads(ops.build_info())}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
-                         capture_output=True, text=True, check=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    # 48,000 rows x (2 x 4,096 x 2 + 2 x 32 x 4 + 1,024 + 8) bytes, by hand: blocks of 4,096 keys
+
+# Shapes of the oracle check: the reference workloads, short and long prompts, groups 1..16, two KV
+# heads, a key count that is no multiple of anything, empty and one-token calls; the first two and
+# (1, 1, 1, 1) have their workspace counted by hand below.
+PLAN_SHAPES = [(8000, 128000, 6, 1), (1, 1, 1, 1), (8000, 40000, 6, 1), (1024, 16384, 4, 1), (256, 640, 2, 1),
+               (777, 50001, 5, 1), (3000, 9000, 16, 2), (5, 0, 4, 4), (2048, 2048, 8, 8), (64, 8448, 1, 1),
+               (512, 512, 1, 1)]
+
+
+@pytest.fixture(scope="module")
+def long_prefill_ops(built_sm70):
+    out = subprocess.run([sys.executable, "-c", LONG_PREFILL_OPS, str(built_sm70 / "_vllm_fa2_C.abi3.so"),
+                          json.dumps(PLAN_SHAPES)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_long_prefill_ops_on_a_gpu_less_machine(long_prefill_ops):
+    """gqa_prefill_workspace_bytes is the workspace of the plan gqa_prefill_plan describes (counted by
+    hand for two shapes); both refuse what the route does not take with a ValueError saying why;
+    build_info lists the route (an object naming its op) and its kernel with its tiles and the
+    block-size constants the oracle walks with; gqa_prefill_fwd with CPU tensors is refused by
+    torch's dispatcher and the process survives."""
+    r = long_prefill_ops
+    assert r["sizes"] == [p["workspace_bytes"] for p in r["plans"]]
+    # 48,000 packed rows x (2 x 4,096 x 2 + 2 x 32 x 4 + 1,024 + 8) bytes: blocks of 4,096 keys,
+    # two score buffers, two tile-maximum buffers, the FP32 accumulator and m, l per row.
     assert r["sizes"][0] == 848_256_000
-    assert r["sizes"] == [_prefill_workspace_bytes(*s) for s in r["shapes"]]
-    assert r["errors"] == ["ValueError"] * 3
-    assert r["raised"] is not None
-    assert {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}} in r["info"]["routes"]
+    # One row padded to 128, blocks of 128 keys: 2 x 32,768 + 2 x 512 + 131,072 + 1,024 (each part
+    # rounded up to 256 bytes).
+    assert r["sizes"][1] == 198_656
+    groups = "num_heads_q must be a multiple of num_heads_k with at most 16 query heads per KV head"
+    for (workspace, plan), why in zip(r["refused"], [groups, groups, "seqlen_q = -1, seqlen_k = 300 out of range"]):
+        assert workspace == plan and workspace[0] == "ValueError" and why in workspace[1]
+    kind, message = r["cpu_call"]
+    assert kind == "NotImplementedError" and "'CPU' backend" in message
+    assert {"name": routes.GQA, "op": "gqa_prefill_fwd", "env": {}} in r["info"]["routes"]
     kernel = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
-    assert kernel["route"] == "sm70-gqa-prefill" and kernel["head_dim"] == 256 and kernel["warps"] == 4
+    assert kernel["route"] == routes.GQA and kernel["head_dim"] == 256 and kernel["warps"] == 4
     # Two CTAs per SM beside the static 1,408 bytes (tile maxima, row scales, bad-key marks).
     assert kernel["dynamic_smem"] <= 48 * 1024 - 1408
     tiles = {t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"])
              for t in kernel["tiles"]}
-    assert tiles == {"qk": (128, 128, 32), "pv": (64, 32, 256)}
-    # The block-size rule's constants, as _prefill_workspace_bytes writes them out.
-    assert kernel["block_plan"] == {"min_block_keys": 256, "max_block_keys": 8192, "score_budget_bytes": 768 << 20}
+    assert tiles == {"qk": (gqa_oracle.QK["rows"], gqa_oracle.QK["keys"], 256 // gqa_oracle.QK["stages"]),
+                     "pv": (gqa_oracle.PV["rows"], gqa_oracle.PV["keys"], 256)}
+    assert kernel["block_plan"] == {"min_block_keys": gqa_oracle.MIN_KEYS, "max_block_keys": gqa_oracle.MAX_KEYS,
+                                    "score_budget_bytes": gqa_oracle.BUDGET}
 
 
-PLAN_SHAPES = [(8000, 40000, 6, 1), (8000, 128000, 6, 1), (1024, 16384, 4, 1), (256, 640, 2, 1), (777, 50001, 5, 1),
-               (3000, 9000, 16, 2), (1, 1, 1, 1), (5, 0, 4, 4), (2048, 2048, 8, 8)]
-
-
-def test_long_prefill_plan_op_agrees_with_reports_walk(built_sm70):
-    """gqa_prefill_plan (the op's block plan and launch sequence, from the C++ that runs them) against
-    report.gqa_plan / gqa_steps, an independent Python walk of the same launches from build_info()'s
-    geometry: per shape the block size, blocks and packed rows, and per launch every CTA's kind and
-    main-loop iterations in blockIdx order. Two implementations written apart must agree."""
-    from fa2patch.bench import Shape
-    from fa2patch.report import gqa_plan, gqa_steps
-
-    code = r"""
-import json, sys, torch
-torch.ops.load_library(sys.argv[1])
-ops = torch.ops._vllm_fa2_C
-shapes = json.loads(sys.argv[2])
-print(json.dumps({"plans": [json.loads(ops.gqa_prefill_plan(*s)) for s in shapes],
-                  "sizes": [ops.gqa_prefill_workspace_bytes(*s) for s in shapes],
-                  "info": json.loads(ops.build_info())}))
-"""
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so"), json.dumps(PLAN_SHAPES)],
-                         capture_output=True, text=True, check=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    geometry = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
-    for (q, kv, hq, hkv), op, size in zip(PLAN_SHAPES, r["plans"], r["sizes"]):
-        shape = Shape(q, kv, hq, hkv, geometry["head_dim"], True, 0.0625)
-        plan = gqa_plan(shape, geometry)
-        assert {k: op[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")} == \
-            {k: plan[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")}, shape
-        assert op["workspace_bytes"] == size == _prefill_workspace_bytes(q, kv, hq, hkv)
-        walked = gqa_steps(shape, plan)
-        assert len(op["steps"]) == len(walked) == plan["num_blocks"] + 1, shape
-        for s, (step, python) in enumerate(zip(op["steps"], walked)):
-            ctas = [(kind, iterations) for kind, count, iterations in step["runs"] for _ in range(count)]
-            assert ctas == [(c[0], c[1]) for c in python["ctas"]], (shape, s)
-            assert step["ctas"] == len(ctas) == (step["pv"] or {}).get("ctas", 0) + (step["qk"] or {}).get("ctas", 0)
-            assert (step["pv"] is None) == (s == 0) and (step["qk"] is None) == (s == plan["num_blocks"])
+def test_long_prefill_plan_op_agrees_with_the_oracle(long_prefill_ops):
+    """gqa_prefill_plan (the op's block plan and launch sequence, from the C++ that runs them) equals
+    the tests' oracle walk (gqa_oracle.py, written from the documented rules): per shape the block
+    size, blocks and packed rows, and per launch its blocks and every CTA's kind and main-loop
+    iterations in blockIdx order."""
+    for shape, op in zip(PLAN_SHAPES, long_prefill_ops["plans"]):
+        expected = gqa_oracle.plan(*shape)
+        assert {k: v for k, v in op.items() if k != "workspace_bytes"} == expected, shape
 
 
 def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):
@@ -323,13 +317,13 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
     import re
 
     from fa2patch import sass, toolchain
-    from fa2patch.smoke import load_build_info
+    from fa2patch.extension import load_build_info
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)
-    functions = [f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
+    functions = [f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
                                                            artifact)) if f.arch == "sm_70"]
-    built = list(sass.demangle([f.name for f in functions]).values())
+    built = list(toolchain.demangle([f.name for f in functions]).values())
     listed = []
     for k in info["kernels"]:
         matches = [name for name in built if k["kernel"] in name]
@@ -339,11 +333,26 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
         if k["route"] is None:
             assert tile == [None] * 4, k
         else:
-            routes = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
-            assert k["route"] in routes and all(isinstance(v, int) and v > 0 for v in tile), k
+            names = [r if isinstance(r, str) else r["name"] for r in info["routes"]]
+            assert k["route"] in names and all(isinstance(v, int) and v > 0 for v in tile), k
     assert sorted(listed) == sorted(built)
-    dense = [k for k in info["kernels"] if k["route"] == "sm70-dense"]
+    dense = [k for k in info["kernels"] if k["route"] == routes.EXACT]
     assert [k["kernel"] for k in dense] == [f"flash_fwd_sm70_kernel<{d}>" for d in cpp_head_dims(real_workspace)]
     assert [k["head_dim"] for k in dense] == cpp_head_dims(real_workspace)
     sass_dims = sorted(int(m.group(1)) for name in built if (m := re.search(r"flash_fwd_sm70_kernel<(\d+)>", name)))
     assert sass_dims == cpp_head_dims(real_workspace)
+
+
+def test_route_names_are_written_once_in_each_language(real_workspace):
+    """fa2patch.routes (Python) spells each route as route_names.h (C++) does, and the C++ sources
+    write no route name outside that header (comments aside)."""
+    import re
+
+    fa2patch_dir = real_workspace / "csrc/flash_attn/fa2patch"
+    header = (fa2patch_dir / "route_names.h").read_text()
+    cpp = dict(re.findall(r"constexpr const char \*(k\w+Route) = \"([^\"]+)\";", header))
+    assert cpp == {"kDenseRoute": routes.EXACT, "kGqaPrefillRoute": routes.GQA, "kDenseSplitKvRoute": routes.SPLITKV}
+    names = re.compile("|".join(re.escape(f'"{n}"') for n in cpp.values()))
+    elsewhere = [str(p.relative_to(real_workspace)) for p in fa2patch_dir.rglob("*")
+                 if p.suffix in (".h", ".cuh", ".cpp", ".cu") and p.name != "route_names.h" and names.search(re.sub(r"//.*", "", p.read_text()))]
+    assert elsewhere == []

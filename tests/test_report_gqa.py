@@ -1,13 +1,18 @@
-"""report --shapes for the sm70-gqa-prefill route on the CPU: its launch sequence and HBM traffic
-walked by hand for a small shape, launches that mix two kinds of CTA, and the geometry checks."""
+"""report --shapes for the sm70-gqa-prefill route on the CPU: the tests' oracle of the op's plan
+against launches counted by hand, the route's HBM traffic walked by hand for a plan, launches that
+mix two kinds of CTA, the prediction beside the dense route, and the geometry checks. (The real op's
+plan against the oracle: test_real_series.)"""
 
 from pathlib import Path
 
 import pytest
 
-from fa2patch.bench import Shape
+import gqa_oracle
+from fa2patch import gqa_route
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.report import GQA_ROUTE, gqa_launches, gqa_plan, gqa_steps, predict_routes, route_geometry
+from fa2patch.report import predict_routes, route_geometry, route_launches
+from fa2patch.routes import EXACT, GQA
+from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_v100, lower_bound
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -15,48 +20,72 @@ V100 = load_v100()
 CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.1]}
 
 
-def gqa_geometry(min_keys=256, max_keys=8192, budget=768 << 20):
-    """A build_info() entry of the long-prefill kernel as the extension declares it."""
-    return {"kernel": "sm70_gqa_prefill_kernel", "threads": 128, "dynamic_smem": 44032, "route": GQA_ROUTE,
+def gqa_geometry():
+    """A build_info() entry of the long-prefill kernel as the extension declares it (report reads
+    its tiles; the block plan comes from the op)."""
+    return {"kernel": "sm70_gqa_prefill_kernel", "threads": 128, "dynamic_smem": 44032, "route": GQA,
             "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4,
             "tiles": [{"kind": "qk", "rows_per_cta": 128, "keys_per_iteration": 128, "head_dims_per_iteration": 32},
-                      {"kind": "pv", "rows_per_cta": 64, "keys_per_iteration": 32, "head_dims_per_iteration": 256}],
-            "block_plan": {"min_block_keys": min_keys, "max_block_keys": max_keys, "score_budget_bytes": budget}}
+                      {"kind": "pv", "rows_per_cta": 64, "keys_per_iteration": 32, "head_dims_per_iteration": 256}]}
 
 
-def test_block_plan_matches_the_ops_workspace_rule():
-    # Q=8000, 6/1: rows_pad 48,000; 768 MiB / (2 x 48,000 x 2 B) = 4,194 keys -> 4,096 (the CPU
-    # test of the op's workspace says N = 4,096 too).
-    plan = gqa_plan(Shape(8000, 128000, 6, 1, 256, True, 0.0625), gqa_geometry())
-    assert (plan["rows_pad"], plan["block_keys"], plan["num_blocks"]) == (48000, 4096, 32)
-    # Q=1024: the budget allows more than 8,192 keys: capped; KV=200 rounds up to 256 keys.
-    assert gqa_plan(Shape(1024, 262144, 6, 1, 256, True, 0.0625), gqa_geometry())["block_keys"] == 8192
-    assert gqa_plan(Shape(100, 200, 1, 1, 256, True, 0.0625), gqa_geometry())["block_keys"] == 256
+def test_the_oracle_walk_counted_by_hand():
+    """Q=256, KV=640, 2/1: 512 packed rows, one block of 640 keys; packed row r sees key
+    j <= r // 2 + 384. Launch 0, qk: row tile t's last row sees up to 64 t + 447, so key tile 4
+    (keys 512..) is idle for row tiles 0 and 1; launch 1, pv (first and last block): pv tile t's
+    last row sees 32 t + 416 keys: 13 .. 20 chunks of 32."""
+    p = gqa_oracle.plan(256, 640, 2, 1)
+    assert (p["rows_pad"], p["block_keys"], p["num_blocks"]) == (512, 640, 1)
+    assert [s["runs"] for s in p["steps"]] == [
+        [["qk", 4, 8], ["idle", 1, 0], ["qk", 4, 8], ["idle", 1, 0], ["qk", 10, 8]],
+        [["pv", 1, n] for n in range(13, 21)]]
+    # Q=KV=512, 1/1: row r sees key j <= r. Key tile k of row tile t runs where k <= t; pv tile t
+    # sees 64 t + 64 keys.
+    p = gqa_oracle.plan(512, 512, 1, 1)
+    assert [s["runs"] for s in p["steps"]] == [
+        [["qk", 1, 8], ["idle", 3, 0], ["qk", 2, 8], ["idle", 2, 0], ["qk", 3, 8], ["idle", 1, 0], ["qk", 4, 8]],
+        [["pv", 1, n] for n in range(2, 17, 2)]]
+    # Q=64, KV=8,448, 1/1: blocks of 8,192 (the largest) and 256 keys; 64 rows padded to 128, the
+    # padding rows seeing as far as row 63 and beyond (clamped to the last key).
+    p = gqa_oracle.plan(64, 8448, 1, 1)
+    assert (p["rows_pad"], p["block_keys"], p["num_blocks"]) == (128, 8192, 2)
+    assert [s["runs"] for s in p["steps"]] == [[["qk", 64, 8]], [["pv", 2, 256], ["qk", 2, 8]], [["pv", 2, 8]]]
+    assert [(s["pv"] or {}).get("last") for s in p["steps"]] == [None, False, True]
 
 
-def test_launch_sequence_and_traffic_walked_by_hand():
-    """Q=256, KV=640, 2/1, blocks of 256 keys (3 blocks: 256, 256, 128 keys); packed rows 512;
-    shift 384, packed row r sees key j <= r // 2 + 384. Counted by hand:
-    step 0: qk of block 0: 4 row tiles x 2 key tiles, all seen;
-    step 1: pv of block 0 (8 row tiles x 8 chunks), qk of block 1 (8 tiles, all seen);
-    step 2: pv of block 1: row tile t sees min(256, 32 t + 160) keys: 5, 6, 7, 8 x 5 chunks;
-            qk of block 2 (key 512): rows below 2 x (512 - 384) = 256 see none: row tiles 2, 3;
-    step 3: pv of block 2 (last): row tile t sees max(0, 32 t - 96) keys: 0 x 4, 1, 2, 3, 4."""
+# A plan as the op describes it, for Q=256, KV=640, 2/1 in blocks of 256 keys (3 blocks: 256, 256,
+# 128 keys), counted by hand: step 0: qk of block 0: 4 row tiles x 2 key tiles, all seen; step 1:
+# pv of block 0 (8 row tiles x 8 chunks), qk of block 1 (8 tiles, all seen); step 2: pv of block 1:
+# row tile t sees min(256, 32 t + 160) keys: 5, 6, 7, 8 x 5 chunks; qk of block 2 (key 512): rows
+# below 2 x (512 - 384) = 256 see none: row tiles 2, 3; step 3: pv of block 2 (last): row tile t
+# sees max(0, 32 t - 96) keys: 0 x 4, 1, 2, 3, 4.
+def _block(b, key0, keys, **more):
+    return {"block": b, "key0": key0, "num_keys": keys, **more}
+
+
+HAND_PLAN = {"group": 2, "rows": 512, "rows_pad": 512, "block_keys": 256, "num_blocks": 3, "steps": [
+    {"pv": None, "qk": _block(0, 0, 256, tiles=2, row_tile0=0, row_tiles=4), "runs": [["qk", 8, 8]]},
+    {"pv": _block(0, 0, 256, first=True, last=False), "qk": _block(1, 256, 256, tiles=2, row_tile0=0, row_tiles=4),
+     "runs": [["pv", 8, 8], ["qk", 8, 8]]},
+    {"pv": _block(1, 256, 256, first=False, last=False), "qk": _block(2, 512, 128, tiles=1, row_tile0=2, row_tiles=2),
+     "runs": [["pv", 1, 5], ["pv", 1, 6], ["pv", 1, 7], ["pv", 5, 8], ["qk", 2, 8]]},
+    {"pv": _block(2, 512, 128, first=False, last=True), "qk": None,
+     "runs": [["pv", 4, 0], ["pv", 1, 1], ["pv", 1, 2], ["pv", 1, 3], ["pv", 1, 4]]}]}
+
+
+def test_launches_and_traffic_of_a_plan_walked_by_hand():
+    """Bytes, by hand: a qk tile writes 128 x (128 x 2 + 4); Q is read once per row tile (128 x
+    512 B), K and V once per block (keys x 512 B); a pv tile reads 64 x (chunks x 64 + tiles x 4)
+    of scores and maxima and reads / writes the state 64 x (1024 + 8) unless first / last; the last
+    writes out and lse, 64 x (512 + 4). Launches: one per step, its CTAs in the plan's order."""
     shape = Shape(256, 640, 2, 1, 256, True, 0.0625)
-    plan = gqa_plan(shape, gqa_geometry(max_keys=256))
-    assert (plan["rows_pad"], plan["block_keys"], plan["num_blocks"]) == (512, 256, 3)
-    steps = gqa_steps(shape, plan)
-    kinds = [[(kind, its) for kind, its, _ in s["ctas"]] for s in steps]
-    assert kinds == [
-        [("qk", 8)] * 8,
-        [("pv", 8)] * 8 + [("qk", 8)] * 8,
-        [("pv", n) for n in (5, 6, 7, 8, 8, 8, 8, 8)] + [("qk", 8)] * 2,
-        [("pv", n) for n in (0, 0, 0, 0, 1, 2, 3, 4)],
-    ]
-    # Bytes, by hand: a qk tile writes 128 x (128 x 2 + 4); Q is read once per row tile (128 x
-    # 512 B), K and V once per block (keys x 512 B); a pv tile reads 64 x (chunks x 64 + tiles
-    # x 4) of scores and maxima and reads / writes the state 64 x (1024 + 8) unless first / last;
-    # the last writes out and lse, 64 x (512 + 4).
+    kernel = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
+              "hot_loops": [loop(16), loop(0)]}
+    launches, plan = gqa_route.launches(shape, kernel, HAND_PLAN)
+    assert plan == {"block_keys": 256, "blocks": 3, "splits": 1}
+    kinds = [[(k.loop.mufu, n) for k in x.kinds() for n in k.iterations] for x in launches]
+    assert kinds == [[(0, 8)] * 8, [(16, 8)] * 8 + [(0, 8)] * 8, [(16, n) for n in (5, 6, 7, 8, 8, 8, 8, 8)]
+                     + [(0, 8)] * 2, [(16, n) for n in (0, 0, 0, 0, 1, 2, 3, 4)]]
     qk_tile, q_tile, state, out = 128 * 260, 128 * 512, 64 * 1032, 64 * 516
     step0 = 8 * qk_tile + 4 * q_tile + 256 * 512
     step1 = 8 * (64 * (8 * 64 + 2 * 4) + state) + 256 * 512 + step0
@@ -64,22 +93,7 @@ def test_launch_sequence_and_traffic_walked_by_hand():
     step2 = pv1 + 256 * 512 + 2 * qk_tile + 2 * q_tile + 128 * 512
     pv2 = sum(64 * (c * 64 + 4) for c in (1, 2, 3, 4)) + 8 * (state + out)
     step3 = pv2 + 128 * 512
-    assert [s["hbm_bytes"] for s in steps] == [step0, step1, step2, step3]
-
-
-def test_tiles_nobody_sees_are_idle_ctas():
-    """Q=KV=512, 1/1, blocks of 256: packed row r sees key j <= r. Block 0: row tile 0 (rows
-    0..127) does not reach key tile 1 (keys 128..255): idle. Block 1 (keys 256..511): qk from row
-    tile 2, whose key tile 1 (384..) is idle; its pv tiles (the last block) all run, row tile t
-    seeing max(0, 64 t + 64 - 256) keys."""
-    plan = gqa_plan(Shape(512, 512, 1, 1, 256, True, 0.0625), gqa_geometry(max_keys=256))
-    step0 = gqa_steps(Shape(512, 512, 1, 1, 256, True, 0.0625), plan)[0]["ctas"]
-    assert [k for k, _, _ in step0] == ["qk", "idle", "qk", "qk", "qk", "qk", "qk", "qk"]
-    # Block 1 (keys 256..511): rows below 256 see none of it: qk from row tile 2; its pv tiles
-    # (step 2, the last block) run even where they see no key (they write the output).
-    steps = gqa_steps(Shape(512, 512, 1, 1, 256, True, 0.0625), plan)
-    assert [k for k, _, _ in steps[1]["ctas"]][8:] == ["qk", "idle", "qk", "qk"]
-    assert [its for _, its, _ in steps[2]["ctas"]] == [0, 0, 0, 0, 2, 4, 6, 8]
+    assert [x.hbm_bytes for x in launches] == [step0, step1, step2, step3]
 
 
 def test_a_launch_with_two_kinds_of_cta():
@@ -108,43 +122,61 @@ def loop(mufu, hmma_steps=512, instructions=700):
             "cycles": LoopMix(**mix).pipes(1, V100)}
 
 
-def test_route_estimate_and_ab_against_the_dense_route():
-    """Both routes are predicted for an eligible shape, with the dense route's calibrated time
-    over the long-prefill one; the long-prefill kernel's launches are one per step."""
-    dense_geo = {"kernel": "flash_fwd_sm70_kernel<256>", "threads": 128, "dynamic_smem": 1, "route": "sm70-dense",
+def gqa_rows():
+    dense_geo = {"kernel": "flash_fwd_sm70_kernel<256>", "threads": 128, "dynamic_smem": 1, "route": EXACT,
                  "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4}
-    dense = {"kernel": "dense", "geometry": dense_geo, "occupancy": {"blocks_per_sm": 1},
-             "hot_loops": [loop(0)]}
+    dense = {"kernel": "dense", "geometry": dense_geo, "occupancy": {"blocks_per_sm": 1}, "hot_loops": [loop(0)]}
     gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
            "hot_loops": [loop(16), loop(0)]}
+    return dense, gqa
+
+
+def test_route_estimate_and_ab_against_the_dense_route():
+    """Both routes are predicted for an eligible shape, with the dense route's calibrated time
+    over the long-prefill one; the long-prefill kernel's launches are one per step of the op's plan."""
+    dense, gqa = gqa_rows()
     shape = Shape(1024, 4096, 6, 1, 256, True, 0.0625)
-    d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT)   # locked below every duty clock
-    assert (d["route"], g["route"]) == ("sm70-dense", GQA_ROUTE)
+    plans = {gqa_route.sizes(shape): gqa_oracle.plan(1024, 4096, 6, 1)}
+    d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT, (), plans)  # locked below every duty clock
+    assert (d["route"], g["route"]) == (EXACT, GQA)
     assert g["vs_dense"] == pytest.approx(d["calibrated_ms"] / g["calibrated_ms"])
     # Ranges of +-10%: separated only where one route is more than 1.1 / 0.9 = 1.22x faster.
     expected = ("faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1
                 else "not separated")
     assert g["vs_dense_verdict"] == expected
     assert g["calibrated_ms"] == pytest.approx(1.5 * g["model_ms"]) and g["bound_ms"] < g["model_ms"]
-    launches, plan = gqa_launches(shape, gqa)
-    assert len(launches) == plan["blocks"] + 1 == len(g["launches"])
-    # Not eligible: non-causal, another head dim, a batch: the dense route alone.
+    assert len(g["launches"]) == g["plan"]["blocks"] + 1 == len(plans[gqa_route.sizes(shape)]["steps"])
+    # Not eligible: non-causal, another head dim, a batch: the dense route alone (no plan asked for).
+    dense_geo = dense["geometry"]
     for other in (Shape(1024, 4096, 6, 1, 256, False, 0.0625), Shape(1024, 4096, 6, 1, 128, True, 0.1),
                   Shape(1024, 4096, 6, 1, 256, True, 0.0625, b=2)):
         kernels = [dense, gqa] if other.d == 256 else [{**dense, "geometry": {**dense_geo, "head_dim": 128}}, gqa]
         assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] \
-            == ["sm70-dense"]
+            == [EXACT]
+
+
+def test_what_the_op_refuses_is_no_route_and_a_missing_plan_is_an_error():
+    """A shape the op refuses (gqa_prefill_plan raised: 32 query heads per KV head) has no long-prefill
+    prediction; an extension without the plan op, or a plan never read, is an error naming it."""
+    dense, gqa = gqa_rows()
+    shape = Shape(100, 300, 32, 1, 256, True, 0.0625)
+    refused = {gqa_route.sizes(shape): {"error": "ValueError: ... at most 16 query heads per KV head", "refused": True}}
+    assert [p["route"] for p in predict_routes(shape, [dense, gqa], Card(80), V100, CAL, ARTIFACT, (), refused)] \
+        == [EXACT]
+    with pytest.raises(EnvironmentProblem, match=r"no model of route 'sm70-gqa-prefill'"):
+        route_launches(shape, [dense, gqa], GQA, Card(80), ARTIFACT, refused)
+    missing = {gqa_route.sizes(shape): {"error": "this extension has no gqa_prefill_plan op (a build before it)"}}
+    for plans, why in ((missing, "this extension has no gqa_prefill_plan op"), ({}, "not read")):
+        with pytest.raises(EnvironmentProblem, match=rf"no long-prefill plan for Q=100 KV=300 .*: {why}"):
+            predict_routes(shape, [dense, gqa], Card(80), V100, CAL, ARTIFACT, (), plans)
 
 
 def test_gqa_geometry_is_checked():
     info = {"kernels": [gqa_geometry()]}
-    assert route_geometry(info, ARTIFACT, GQA_ROUTE)[0]["tiles"][0]["kind"] == "qk"
-    no_plan = {"kernels": [{k: v for k, v in gqa_geometry().items() if k != "block_plan"}]}
-    with pytest.raises(EnvironmentProblem, match=r"lacks block_plan.min_block_keys, block_plan.max_block_keys"):
-        route_geometry(no_plan, ARTIFACT, GQA_ROUTE)
+    assert route_geometry(info, ARTIFACT, GQA)[0]["tiles"][0]["kind"] == "qk"
     no_pv = {"kernels": [{**gqa_geometry(), "tiles": gqa_geometry()["tiles"][:1]}]}
     with pytest.raises(EnvironmentProblem, match=r"lacks tiles\[pv\].rows_per_cta"):
-        route_geometry(no_pv, ARTIFACT, GQA_ROUTE)
+        route_geometry(no_pv, ARTIFACT, GQA)
 
 
 def test_each_tile_is_charged_the_code_its_ctas_can_reach():
@@ -152,7 +184,7 @@ def test_each_tile_is_charged_the_code_its_ctas_can_reach():
     the end of the function (0xc0), after tile B's code, as the compiler may place it. Every
     other branch counts both ways; an unpredicated BRA or EXIT does not fall through."""
     from fa2patch import sass
-    from fa2patch.report import tile_code
+    from fa2patch.sass_mix import tile_code
 
     def ins(addr, op, target=None, predicated=False):
         return sass.Instr(addr, op, target, "", predicated)

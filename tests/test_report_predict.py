@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.bench import Shape, parse_shapes
+from fa2patch.shapes import Shape, parse_shapes
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.report import dense_plan, fa2_num_splits, predict, route_geometry
+from fa2patch.exact_route import dense_plan, fa2_num_splits
+from fa2patch.report import predict, route_geometry
 from fa2patch.v100model import Card, LoopMix, load_v100
+from fa2patch.routes import EXACT
 from helpers import REPO
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -21,7 +23,7 @@ CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_rang
 def geometry(head_dim, rows=64, keys=32, warps=4):
     """A build_info() kernel entry as the extension declares it."""
     return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": "sm70-dense", "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
+            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
             "warps": warps}
 
 
@@ -196,7 +198,7 @@ def test_report_raises_when_build_info_does_not_load(monkeypatch):
     """Like bench (and verify, which fails a row), report does not drop occupancy silently."""
     from fa2patch import report as report_module
 
-    monkeypatch.setattr(report_module, "load_build_info", lambda artifact: {"error": "undefined symbol: x"})
+    monkeypatch.setattr(report_module, "read_extension", lambda artifact, sizes=(): {"error": "undefined symbol: x"})
     with pytest.raises(EnvironmentProblem, match=r"/nowhere/_vllm_fa2_C.abi3.so: cannot load it for "
                                                  r"build_info\(\): undefined symbol: x"):
         report_module.report(ARTIFACT, "sm_70", {}, [], Card())
@@ -213,7 +215,8 @@ def test_every_v100_parameter_is_read_by_the_model():
     from importlib import resources
 
     source = "".join(resources.files("fa2patch").joinpath(f).read_text()
-                     for f in ("report.py", "v100model.py", "phases.py", "calibration.py"))
+                     for f in ("report.py", "sass_mix.py", "exact_route.py", "gqa_route.py", "v100model.py", "phases.py",
+                               "calibration.py"))
     names = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())
     unused = [n for n in names if f'"{n}"' not in source and n not in MEASURED_NOT_YET_MODELLED]
     assert not unused, f"tools/fa2patch/data/v100.toml: entries no code reads: {unused}"

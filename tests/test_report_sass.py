@@ -7,8 +7,10 @@ import pytest
 
 from fa2patch import sass, toolchain
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.report import kernel_rows, occupancy
+from fa2patch.report import kernel_rows
+from fa2patch.v100model import occupancy
 from fa2patch.v100model import load_v100
+from fa2patch.routes import EXACT, GQA, SPLITKV
 from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
 
 MMA_F16 = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, "
@@ -45,7 +47,7 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
         __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
     """)
     obj, _ = compile_cu(clang_cuda, src, tmp_path)
-    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
+    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
                                                                             ["-sass"], obj))}
     forms = {name: sorted({op for op in f.opcodes if op.startswith("HMMA")}) for name, f in funcs.items()}
     assert forms["_Z8f32_loop"] == [f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
@@ -68,10 +70,10 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 
 # --- The real sm_70 build -------------------------------------------------------------------------
 
-def real_geometry(artifact, route="sm70-dense"):
+def real_geometry(artifact, route=EXACT):
     """The build's kernels of a route with the geometry its build_info() declares."""
+    from fa2patch.extension import load_build_info
     from fa2patch.report import route_geometry
-    from fa2patch.smoke import load_build_info
 
     return route_geometry(load_build_info(artifact), artifact, route)
 
@@ -79,10 +81,9 @@ def real_geometry(artifact, route="sm70-dense"):
 def real_rows(artifact):
     """Report rows of every kernel the build declares (launches from build_info()), with both
     routes' geometry."""
-    from fa2patch.smoke import load_build_info
-    from fa2patch.verify import launches_of
+    from fa2patch.extension import launches_of, load_build_info
 
-    geometry = real_geometry(artifact) + real_geometry(artifact, "sm70-gqa-prefill")
+    geometry = real_geometry(artifact) + real_geometry(artifact, GQA)
     return kernel_rows(artifact, "sm_70", launches_of(load_build_info(artifact)), geometry)
 
 
@@ -95,7 +96,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     from fa2patch.v100model import load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-dense"]
+    rows = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == EXACT]
     assert sorted(r["geometry"]["head_dim"] for r in rows) == [64, 128, 192, 256]
     latency = load_v100()["dependent_ldg_l2_hit_cycles"]
     for r in rows:
@@ -103,8 +104,7 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
         steps = 4 * 2 * g["rows_per_cta"] // g["warps"] * g["keys_per_iteration"] * g["head_dim"] // 1024
         assert g["warps"] == 8 and r["occupancy"]["warps_per_sm"] >= 8, (g["kernel"], r["occupancy"])
         for lp in r["hot_loops"]:
-            assert lp["dynamic"] and lp["model_mix"]["hmma_f32_steps"] == steps, (g["kernel"], lp["start"])
-            assert lp["inner_loops"] == [], (g["kernel"], lp["start"])
+            assert lp["model_mix"]["hmma_f32_steps"] == steps, (g["kernel"], lp["start"])
             gaps = lp["model_mix"]["load_use_gaps"]
             assert len(gaps) == 1 and r["warps_per_subpartition"] * gaps[0] >= latency, (g["kernel"], gaps)
             assert lp["shared_passes"] > 0
@@ -116,16 +116,34 @@ def test_real_hot_loops_agree_with_the_declared_geometry(built_sm70):
     assert plain["binding"] == "tensor" and plain["mix"]["ldg"] == 8 + 2, plain["mix"]
 
 
+def test_real_exact_route_hot_loops_hold_no_inner_loop(built_sm70):
+    """report counts every instruction of a hot loop once per iteration: exact for the forward
+    kernels, whose hot loops hold no loop (the K/V tiles are copied by unrolled code, not by a copy
+    loop whose trip count the SASS does not say). The long-prefill kernel's qk loop holds one short
+    loop (the page step of the paged K walk, a few instructions, counted once)."""
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    listing = toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], artifact)
+    functions = [f for f in sass.parse_sass(listing) if f.arch == "sm_70"]
+    pretty = toolchain.demangle([f.name for f in functions])
+    forward = [f for f in functions if "flash_fwd_sm70_kernel<" in pretty[f.name]]
+    assert len(forward) == 4 and all(f.hot_loops() for f in forward)
+    for f in forward:
+        for hot in f.hot_loops():
+            inside = [(lp.start, lp.end) for lp in f.loops()
+                      if hot.start <= lp.start and lp.end <= hot.end and (lp.start, lp.end) != (hot.start, hot.end)]
+            assert inside == [], (pretty[f.name], hot.start)
+
+
 def test_real_long_prefill_loops_agree_with_its_tiles(built_sm70):
     """The long-prefill kernel has one hot loop per tile, each doing per warp-iteration the work
     its tile declares (rows x keys x head dims per iteration / warps FMAs, 4 F32 steps per 1,024);
     the pv loop exponentiates each of its rows x keys scores once (MUFU.EX2 per thread: rows x
     keys / threads), the qk loop none; each tile's code outside its loop is found and runs its
     own global loads; two CTAs per SM, tensor-bound."""
-    from fa2patch.report import gqa_loops
+    from fa2patch.gqa_route import tile_loops as gqa_loops
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    (row,) = [r for r in real_rows(artifact) if r["geometry"] and r["geometry"]["route"] == GQA]
     g = row["geometry"]
     tiles = {t["kind"]: t for t in g["tiles"]}
     loops = gqa_loops(row)
@@ -149,7 +167,7 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     shapes = "q=8192,kv=8192,hq=6,hkv=1,d=256;q=1,kv=4096,hq=32,hkv=8,d=128,b=8;q=1024,kv=16384,hq=6,hkv=1,d=256"
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes)
     assert "calibrated: the model with cycle factor" in proc.stdout and "split-D Q=KV=8192" in proc.stdout
-    assert "sm70-gqa-prefill" in proc.stdout and "qk tensor, pv tensor" in proc.stdout
+    assert GQA in proc.stdout and "qk tensor, pv tensor" in proc.stdout
     proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--shapes", shapes, "--json")
     out = json.loads(proc.stdout)
     assert out["card"]["sms"] == 72 and out["calibration"]["within_targets"]
@@ -157,11 +175,11 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
     # Both routes for the causal D=256 shapes (the long-prefill one with its A/B) and split-KV x2..4
     # (the default --splits) on the prefill shapes; dense alone for decode.
-    splits = [(label, "sm70-dense-splitkv", s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
+    splits = [(label, SPLITKV, s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
     assert [(p["label"].split(" Hq")[0], p["route"], p["plan"].get("splits", 1)) for p in out["predictions"]] == [
-        ("Q=8192 KV=8192", "sm70-dense", 1), ("Q=8192 KV=8192", "sm70-gqa-prefill", 1), *splits[:3],
-        ("B=8 Q=1 KV=4096", "sm70-dense", out["predictions"][5]["plan"]["splits"]),
-        ("Q=1024 KV=16384", "sm70-dense", 1), ("Q=1024 KV=16384", "sm70-gqa-prefill", 1), *splits[3:]]
+        ("Q=8192 KV=8192", EXACT, 1), ("Q=8192 KV=8192", GQA, 1), *splits[:3],
+        ("B=8 Q=1 KV=4096", EXACT, out["predictions"][5]["plan"]["splits"]),
+        ("Q=1024 KV=16384", EXACT, 1), ("Q=1024 KV=16384", GQA, 1), *splits[3:]]
     prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
     lo, hi = out["calibration"]["loo_range"]
     for p in (prefill, gqa, decode):
@@ -182,12 +200,13 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
     run: the row max and sum by SHFL, the P exchange between barriers, MUFU), which costs one CTA's
     iteration more than its busiest pipe and less than all its pipes end to end; the long-prefill
     tiles, two CTAs per SM, are bound by their pipes (the other CTA fills each one's serial phase)."""
-    from fa2patch.report import cheapest_hot_loop, gqa_loops
+    from fa2patch.exact_route import cheapest_hot_loop
+    from fa2patch.gqa_route import tile_loops as gqa_loops
     from fa2patch.v100model import LoopMix, load_v100
 
     v100 = load_v100()
     rows = real_rows(built_sm70 / "_vllm_fa2_C.abi3.so")
-    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-dense"
+    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == EXACT
                 and r["geometry"]["head_dim"] == 256)
     lp = cheapest_hot_loop(d256)
     serial = lp["serial_runs"][0]
@@ -195,7 +214,7 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
     pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
     assert max(pipes.values()) < lp["critical_cycles"] < sum(pipes.values())
     assert d256["outside"]["cycles"] > 0 and d256["outside"]["instructions"] > 0
-    (gqa,) = [r for r in rows if r["geometry"] and r["geometry"]["route"] == "sm70-gqa-prefill"]
+    (gqa,) = [r for r in rows if r["geometry"] and r["geometry"]["route"] == GQA]
     k = gqa["occupancy"]["blocks_per_sm"]
     for name, lp in gqa_loops(gqa).items():
         pipes = LoopMix(**lp["model_mix"]).sustained_pipes(lp["critical_warps"], v100)
@@ -207,9 +226,9 @@ def test_real_split_kv_route(built_sm70):
     (no HMMA; its code outside the loop too); a split prediction is the forward kernel with
     splits x the unsplit CTAs and the same key blocks, then one combine launch of one warp per
     output row; its verdicts follow its ranges."""
-    from fa2patch.bench import Shape
+    from fa2patch.shapes import Shape
     from fa2patch.calibration import calibrate
-    from fa2patch.report import predict_routes
+    from fa2patch.report import predict_routes, read_gqa_plans
     from fa2patch.v100model import Card, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -221,12 +240,13 @@ def test_real_split_kv_route(built_sm70):
     v100 = load_v100()
     cal = calibrate(v100)
     shape = Shape(4096, 32768, 6, 1, 256, True, 0.0625)
-    dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4))
+    plans = read_gqa_plans(artifact, [shape])[1]
+    dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4), plans)
     forward = dense["launches"][0]
-    assert forward["ctas"] == 64 * 6 and gqa["route"] == "sm70-gqa-prefill"
+    assert forward["ctas"] == 64 * 6 and gqa["route"] == GQA
     for s, p in zip((2, 3, 4), splits):
         fwd, comb = p["launches"]
-        assert (p["route"], p["plan"]["splits"]) == ("sm70-dense-splitkv", s)
+        assert (p["route"], p["plan"]["splits"]) == (SPLITKV, s)
         assert fwd["ctas"] == s * forward["ctas"] and fwd["cta_iterations"] == forward["cta_iterations"]
         assert comb["ctas"] == 6 * 4096 // 4 and comb["name"] == "splitkv_combine_sm70_kernel"
         assert p["plan"]["partial_bytes"] == s * 6 * 4096 * (256 * 4 + 4)
@@ -244,18 +264,19 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     a file from another GPU is refused naming it."""
     from dataclasses import asdict
 
-    from fa2patch.bench import Shape
-    from fa2patch.report import route_launches
+    from fa2patch.shapes import Shape
+    from fa2patch.report import read_gqa_plans, route_launches
     from fa2patch.v100model import Calibration, Card, estimate_route, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     rows = real_rows(artifact)
     cases = []
-    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-dense", 1440.0),
-                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), "sm70-gqa-prefill", 1320.0),
-                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), "sm70-dense", 1500.0)):
+    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), EXACT, 1440.0),
+                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), GQA, 1320.0),
+                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), EXACT, 1500.0)):
         card = Card(80, clock)
-        ms = estimate_route(route_launches(shape, rows, route, card, artifact), card, load_v100(),
+        plans = read_gqa_plans(artifact, [shape])[1]
+        ms = estimate_route(route_launches(shape, rows, route, card, artifact, plans), card, load_v100(),
                             Calibration(1.3, 20000), clock)["ms"]
         cases.append({"route": route, "shape": asdict(shape), "label": shape.label, "median_ms": ms,
                       "clocks": {"sm_clock_mhz": {"min": clock, "median": clock, "max": clock}}})
@@ -267,7 +288,7 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     fit = out["anchor_fit"]
     assert fit["files"] == [str(bench)] and fit["after"]["anchors"] == fit["before"]["anchors"] + 3
     assert [(a["route"], a["clock_mhz"], a["card"]["sms"]) for a in fit["user_anchors"]] == [
-        ("sm70-dense", 1440.0, 80), ("sm70-gqa-prefill", 1320.0, 80), ("sm70-dense", 1500.0, 80)]
+        (EXACT, 1440.0, 80), (GQA, 1320.0, 80), (EXACT, 1500.0, 80)]
     users = [a for a in out["calibration"]["anchors"] if a["kind"] == "user"]
     assert len(users) == 3 and all({"residual", "loo_residual", "file", "clock_source"} <= set(a) for a in users)
     assert out["calibration"]["parameters"] == fit["after"]["parameters"] != fit["before"]["parameters"]

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from fa2patch import exact_route as x
-from fa2patch.bench import Shape, parse_shapes, useful_flops
+from fa2patch.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import predict_routes
 from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
+from fa2patch.routes import EXACT, GQA, SPLITKV
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
@@ -134,7 +135,7 @@ def test_partial_bytes_and_the_combine_launch_by_hand():
 
 def geometry(head_dim, rows=64, keys=32, warps=4):
     return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": "sm70-dense", "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
+            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
             "warps": warps}
 
 
@@ -158,26 +159,30 @@ def test_a_split_route_timed_by_hand():
     assert dense["calibrated_ms"] == pytest.approx(2 * (1.5 * LATENCY + 6 * 900) / 1e6)
     assert split["calibrated_ms"] == pytest.approx((3 * (1.5 * LATENCY + 3 * 900) + 10 * 24) / 1e6)
     assert (split["route"], split["plan"]["splits"], split["vs_dense"]) == (
-        "sm70-dense-splitkv", 2, pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]))
+        SPLITKV, 2, pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]))
 
 
 def test_split_rows_and_their_verdicts():
     """Split rows follow the exact and long-prefill rows on prefill shapes; vs_dense / vs_gqa are
     the other route's time over the split one's, "faster"/"slower" only where the ranges (x0.9 ..
     x1.2 here) do not overlap; no split row for decode (q=1) or without a combine kernel."""
+    import gqa_oracle
     from test_report_gqa import gqa_geometry, loop as gqa_loop
 
     dense = kernel_row(256, instructions=2000, warps=8)
     gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
            "hot_loops": [gqa_loop(16), gqa_loop(0)]}
     rows = [dense, gqa, {"kernel": "combine", "combine": combine_row(), "hot_loops": []}]
-    for shape in (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
-                  Shape(4096, 32768, 6, 1, 256, True, 0.0625)):
-        preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4))
+    shapes = (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
+              Shape(4096, 32768, 6, 1, 256, True, 0.0625))
+    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)     # report models the long-prefill op at q=1 too
+    plans = {(s.q, s.kv, s.hq, s.hkv): gqa_oracle.plan(s.q, s.kv, s.hq, s.hkv) for s in (*shapes, decode, SHAPES[4])}
+    for shape in shapes:
+        preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4), plans)
         routes = [(p["route"], p["plan"].get("splits", 1)) for p in preds]
         has_gqa = not shape.decode
-        assert routes == [("sm70-dense", 1)] + [("sm70-gqa-prefill", 1)] * has_gqa + [
-            ("sm70-dense-splitkv", s) for s in (2, 3, 4)]
+        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + [
+            (SPLITKV, s) for s in (2, 3, 4)]
         d, g = preds[0], (preds[1] if has_gqa else None)
         for p in preds[1 + has_gqa:]:
             for key, other in (("vs_dense", d), ("vs_gqa", g)):
@@ -188,9 +193,8 @@ def test_split_rows_and_their_verdicts():
                 ratio = p[key]
                 assert p[f"{key}_verdict"] == ("faster" if ratio > 1.2 / 0.9 else "slower" if ratio < 0.9 / 1.2
                                                else "not separated")
-    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)     # report models the long-prefill op at q=1 too
-    assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,))] == [
-        "sm70-dense", "sm70-gqa-prefill"]
+    assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
+        EXACT, GQA]
     no_combine = [dense, gqa]
-    assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,))] == [
-        "sm70-dense", "sm70-gqa-prefill"]
+    assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
+        EXACT, GQA]

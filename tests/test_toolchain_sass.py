@@ -54,7 +54,7 @@ def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
 def test_hmma_count_matches_hand_count_and_resources_agree(clang_cuda, tmp_path):
     obj, log = compile_cu(clang_cuda, TINY, tmp_path)
     tool = toolchain.find_cuda12_binutil("cuobjdump")
-    funcs = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], obj))}
+    funcs = {f.name: f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], obj))}
     three = funcs["_Z9three_mmaPKjPf"]
     assert three.arch == "sm_70"
     assert three.hmma == 12 and three.traps == 0
@@ -62,7 +62,7 @@ def test_hmma_count_matches_hand_count_and_resources_agree(clang_cuda, tmp_path)
         f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
     assert funcs["_Z6no_mmaPf"].hmma == 0
     ptxas = sass.parse_ptxas_log(log)
-    res = {r.name: r for r in sass.parse_resource_usage(sass.cuobjdump(tool, ["--dump-resource-usage"], obj))}
+    res = {r.name: r for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], obj))}
     for name in ("_Z9three_mmaPKjPf", "_Z6no_mmaPf"):
         assert ptxas[name].entry and ptxas[name].arch == "sm_70"
         assert ptxas[name].registers == res[name].registers > 0
@@ -144,11 +144,11 @@ def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path
     inc = f"-I{real_workspace / 'csrc' / 'cutlass' / 'include'}"
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     good, good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
-    (f,) = sass.parse_sass(sass.cuobjdump(tool, ["-sass"], good))
+    (f,) = sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], good))
     assert f.hmma == 4 and f.traps == 0
     (tmp_path / "bad").mkdir()
     bad, bad_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path / "bad", [inc], macros=False)
-    (f,) = sass.parse_sass(sass.cuobjdump(tool, ["-sass"], bad))
+    (f,) = sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], bad))
     assert f.hmma == 0 and f.traps > 0
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\n")
@@ -196,7 +196,7 @@ def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
 
 
 def test_verify_takes_launches_from_build_info_by_name_part():
-    from fa2patch.verify import launches_of
+    from fa2patch.extension import launches_of
 
     info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
     launches = launches_of(info)

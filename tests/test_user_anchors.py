@@ -11,10 +11,11 @@ import pytest
 
 from fa2patch import calibration as c
 from fa2patch import user_anchors as u
-from fa2patch.bench import Shape
+from fa2patch.shapes import Shape
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import route_launches
 from fa2patch.v100model import Calibration, Card, LoopMix, estimate_route, load_v100
+from fa2patch.routes import EXACT
 from test_report_model import synthetic
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -28,7 +29,7 @@ def kernel_rows():
     iteration of 600 instructions (1,200 issue cycles for two warps), no code outside the loop
     recorded (one load round before the first iteration)."""
     mix = {**vars(LoopMix()), "instructions": 600}
-    geo = {"kernel": "flash_fwd_sm70_kernel<64>", "threads": 256, "dynamic_smem": 1, "route": "sm70-dense",
+    geo = {"kernel": "flash_fwd_sm70_kernel<64>", "threads": 256, "dynamic_smem": 1, "route": EXACT,
            "head_dim": 64, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 8}
     return [{"kernel": "k64", "geometry": geo, "occupancy": {"blocks_per_sm": 1},
              "hot_loops": [{"mix": {"hmma": 1}, "model_mix": mix, "cycles": LoopMix(**mix).pipes(2, V100)}]}]
@@ -42,7 +43,7 @@ def launches_for(shape, route, card):
 
 
 def case(shape: Shape, ms: float | None, clock: float | None = 1350.0, **extra) -> dict:
-    out = {"route": "sm70-dense", "shape": asdict(shape), "label": shape.label, **extra}
+    out = {"route": EXACT, "shape": asdict(shape), "label": shape.label, **extra}
     if ms is not None:
         out.update(median_ms=ms, min_ms=ms, max_ms=ms)
     if clock is not None:
@@ -64,7 +65,7 @@ SHAPES = [Shape(1024, 1024, 6, 1, 64, True, 0.125), Shape(4096, 4096, 6, 1, 64, 
 
 def true_ms(shape: Shape, sms: int = 80, clock: float = 1350.0, cal: Calibration = TRUE) -> float:
     """The model's own time at ``cal`` by estimate_route (not the fit's route_timer), at the clock."""
-    return estimate_route(launches_for(shape, "sm70-dense", Card(sms, clock)), Card(sms, clock), V100, cal,
+    return estimate_route(launches_for(shape, EXACT, Card(sms, clock)), Card(sms, clock), V100, cal,
                           clock)["ms"]
 
 
@@ -86,7 +87,7 @@ def test_the_fit_recovers_known_parameters_from_user_anchors(tmp_path):
     assert cal["parameters"]["cta_cycles"] == pytest.approx(20000, rel=1e-2)
     rows = [a for a in cal["anchors"] if a["kind"] == "user"]
     assert [(a["file"], a["label"], a["route"], a["clock_mhz"]) for a in rows] == [
-        (str(path), s.label, "sm70-dense", k) for s, k in zip(SHAPES, clocks)]
+        (str(path), s.label, EXACT, k) for s, k in zip(SHAPES, clocks)]
     assert all(abs(a["residual"]) < 2e-3 and abs(a["loo_residual"]) < 2e-3 for a in rows)
 
 
@@ -120,7 +121,7 @@ def test_one_user_anchor_off_moves_the_fit_a_little_and_says_so(tmp_path):
     off = fit["user_anchors"][1]
     assert off["loo_residual"] == pytest.approx(0.2, abs=0.02) and 0 < off["residual"] < off["loo_residual"]
     assert fit["after"]["loo_range"][1] == pytest.approx(off["loo_residual"])
-    text = "\n".join(u.render_calibration({"calibration": after, "anchor_fit": fit}, lambda rows, header: str(rows)))
+    text = "\n".join(u.render_calibration({"calibration": after, "anchor_fit": fit}))
     assert "5 -> 9 anchors" in text and "cycle factor 1.300 ->" in text
 
 

@@ -8,7 +8,7 @@ or to the latencies in v100.toml:
 """
 import re
 from fa2patch import sass
-from fa2patch.calibration import sass_record
+from fa2patch.sass_mix import sass_record
 from fa2patch.v100model import load_v100
 v = load_v100()
 SCR = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),

@@ -6,11 +6,10 @@ the scratch folder (/work/scratch/{splitd,prefill}). One JSON line per variant:
 """
 import copy, json, sys
 from pathlib import Path
-from fa2patch import report, calibration as c, sass, phases
+from fa2patch import report, calibration as c, routes, sass, sass_mix, phases
 from fa2patch import v100model as m
-from fa2patch.bench import parse_shapes
-from fa2patch.smoke import load_build_info
-from fa2patch.verify import launches_of
+from fa2patch.shapes import parse_shapes
+from fa2patch.extension import launches_of
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
 SCR = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),
@@ -21,8 +20,8 @@ FUNCS = {k: next(f for f in sass.parse_sass(Path(p).read_text()) if part in f.na
 SHAPES = parse_shapes("q=8192,kv=8192,hq=6,hkv=1,d=256;q=8000,kv=128000,hq=6,hkv=1,d=256,scale=0.0625;"
                       "q=1,kv=32768,hq=32,hkv=8,d=128;q=1,kv=32768,hq=32,hkv=8,d=128,b=64")
 base = m.load_v100()
-info = load_build_info(ART)
-geometry = report.route_geometry(info, ART) + report.route_geometry(info, ART, report.GQA_ROUTE)
+info, PLANS = report.read_gqa_plans(ART, SHAPES)
+geometry = report.route_geometry(info, ART) + report.route_geometry(info, ART, routes.GQA)
 
 
 def run(name, v100, data_edit=None, cal_override=None):
@@ -31,7 +30,7 @@ def run(name, v100, data_edit=None, cal_override=None):
     data = copy.deepcopy(m.load_data("anchors.toml"))
     for k in data["kernel"]:
         if k["name"] in FUNCS:
-            rec = c.sass_record(FUNCS[k["name"]], k["warps"], v100)
+            rec = sass_mix.sass_record(FUNCS[k["name"]], k["warps"], v100)
             k["loop"] = {**k["loop"], "critical_cycles": rec["loop"]["critical_cycles"],
                          "critical_warps": rec["loop"]["critical_warps"]}
             k["outside"] = rec["outside"]
@@ -45,7 +44,7 @@ def run(name, v100, data_edit=None, cal_override=None):
            "loo": [round(a["loo_residual"], 3) for a in cal["anchors"]], "estimates": []}
     for card in (m.Card(72, 1530),):
         for s in SHAPES:
-            for p in report.predict_routes(s, rows, card, v100, cal, ART):
+            for p in report.predict_routes(s, rows, card, v100, cal, ART, (), PLANS):
                 out["estimates"].append((s.label, p["route"], round(p["calibrated_ms"], 3),
                                          round(p["calibrated_ms_low"], 3), round(p["calibrated_ms_high"], 3),
                                          round(p["clock_mhz"])))

@@ -45,7 +45,7 @@ def rule(heads_q: int, max_seqlen_q: int, max_seqlen_k: int, batch: int, sms: in
 
 
 def shapes():
-    from fa2patch.bench import Shape
+    from fa2patch.shapes import Shape
 
     heads = {256: [(1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (12, 2), (16, 2), (32, 4)],
              128: [(4, 1), (8, 2), (16, 4), (32, 8)], 64: [(8, 2), (32, 8)]}
@@ -66,9 +66,8 @@ def shapes():
 def run(artifact: Path) -> None:
     from fa2patch import report
     from fa2patch.calibration import calibrate
-    from fa2patch.smoke import load_build_info
+    from fa2patch.extension import launches_of, load_build_info
     from fa2patch.v100model import Calibration, Card, load_v100, route_timer
-    from fa2patch.verify import launches_of
 
     v100 = load_v100()
     cal = calibrate(v100)

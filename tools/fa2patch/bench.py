@@ -14,103 +14,20 @@ issue report. On a GPU other than a V100 the timings of SM70 code do not represe
 """
 
 import contextlib
-import itertools
 import json
-import re
-import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics
 from .calibration import range_text, separated
 from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
-from .smoke import GPU_PROBE, _python_json, _route, pin_route, require_build_info
+from .extension import mhz, pin_route, probe_gpu, python_json, require_build_info, routes_of, smi
+from .routes import EXACT
+from .shapes import Shape, useful_flops
+from .tables import table
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"
-
-
-@dataclass(frozen=True)
-class Shape:
-    q: int
-    kv: int
-    hq: int
-    hkv: int
-    d: int
-    causal: bool
-    scale: float
-    b: int = 1      # sequences of this shape in the batch
-    decode: int = 0     # decode rows in the same call (one query each, after vLLM's chunked prefill)
-    decode_kv: int = 0  # keys each decode row attends to (0: kv)
-
-    @property
-    def dkv(self) -> int:
-        return self.decode_kv or self.kv
-
-    @property
-    def label(self) -> str:
-        decode = f" +{self.decode} decode KV={self.dkv}" if self.decode else ""
-        return (f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
-                f"D={self.d}{' causal' if self.causal else ''}{decode}")
-
-
-def parse_shapes(text: str) -> list[Shape]:
-    """``key=value`` pairs joined by commas, ';' between groups; a value ``a:b:step`` sweeps
-    a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5), b (batch:
-    sequences of that shape, default 1), decode (decode rows in the same varlen call, one query
-    each: vLLM's chunked prefill batches a prefill chunk with running requests' decodes; default
-    0) and dkv (the keys each decode row attends to, default kv)."""
-    keys = ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b", "decode", "dkv")
-    shapes = []
-    for group in filter(None, (g.strip() for g in text.split(";"))):
-        fields = {}
-        for item in group.split(","):
-            key, sep, value = item.strip().partition("=")
-            if not sep or key not in keys:
-                raise EnvironmentProblem(f"--shapes: expected key=value with key in {', '.join(keys)}; got {item!r}")
-            fields[key] = value
-        missing = {"q", "kv", "hq", "hkv", "d"} - set(fields)
-        if missing:
-            raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
-        sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
-        scale = float(fields["scale"]) if "scale" in fields else None
-        for b, q, kv, hq, hkv, d, decode, dkv in itertools.product(
-                sweeps.get("b", [1]), sweeps["q"], sweeps["kv"], sweeps["hq"], sweeps["hkv"], sweeps["d"],
-                sweeps.get("decode", [0]), sweeps.get("dkv", [0])):
-            if hq % hkv:
-                raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
-            if decode and q < 2:
-                raise EnvironmentProblem(f"--shapes: decode={decode} rows ride with a prefill chunk: q must be >= 2, "
-                                         f"got q={q}")
-            shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
-                                scale if scale is not None else d ** -0.5, b, decode, dkv if decode else 0))
-    if not shapes:
-        raise EnvironmentProblem("--shapes: no shape given")
-    return shapes
-
-
-def _values(key: str, value: str) -> list[int]:
-    m = re.fullmatch(r"(\d+)(?::(\d+):(\d+))?", value)
-    if not m or (m.group(3) and int(m.group(3)) <= 0):
-        raise EnvironmentProblem(f"--shapes: {key}={value!r} is not N or START:END:STEP")
-    if not m.group(2):
-        return [int(m.group(1))]
-    return list(range(int(m.group(1)), int(m.group(2)) + 1, int(m.group(3))))
-
-
-def attended_pairs(q: int, kv: int, causal: bool) -> int:
-    """Query/key pairs that attention uses: bottom-right causal keeps key j for row i when
-    j <= i + kv - q."""
-    if not causal:
-        return q * kv
-    return sum(max(0, min(kv, i + kv - q + 1)) for i in range(q)) if q > kv else q * (kv - q) + q * (q + 1) // 2
-
-
-def useful_flops(shape: Shape) -> float:
-    """2 FLOPs per multiply-add, two GEMMs (Q K^T and P V), attended pairs only (a decode row
-    attends to all its keys)."""
-    pairs = shape.b * attended_pairs(shape.q, shape.kv, shape.causal) + shape.decode * shape.dkv
-    return 4.0 * shape.hq * shape.d * pairs
 
 
 def judge(numbers: dict) -> dict:
@@ -124,7 +41,7 @@ def judge(numbers: dict) -> dict:
 
 def gpu_or_nothing() -> dict:
     """This machine's GPU (smoke's probe); NothingToLaunch without one."""
-    gpu = _python_json(GPU_PROBE)
+    gpu = probe_gpu()
     if "error" in gpu or not gpu.get("cuda"):
         raise NothingToLaunch("nothing timed: torch sees no CUDA GPU on this machine")
     return gpu
@@ -134,8 +51,8 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
           warmup: int, reps: int, progress=lambda items: items) -> dict:
     """``routes``: one or two route names; None: sm70-dense and the first other route."""
     info = require_build_info(artifact)
-    known = {r["name"]: r for r in map(_route, info.get("routes", []))}
-    routes = routes or ["sm70-dense"] + [n for n in known if n != "sm70-dense"][:1]
+    known = routes_of(info)
+    routes = routes or [EXACT] + [n for n in known if n != EXACT][:1]
     unknown = [r for r in routes if r not in known]
     if unknown:
         raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
@@ -143,10 +60,10 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     if any(s.b != 1 or s.decode for s in shapes):
         raise EnvironmentProblem("--shapes: b (batch) and decode are for `report` only; bench times one sequence "
                                  "per shape")
-    idle, max_clock, driver = (_smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
+    idle, max_clock, driver = (smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
-        r = _python_json("from fa2patch.bench import worker; worker()", str(artifact),
+        r = python_json("from fa2patch.bench import worker; worker()", str(artifact),
                          json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"],
                                      "pin_splits": known[route].get("pin_splits")}),
                          env=known[route].get("env"))
@@ -181,7 +98,7 @@ def attach_model(result: dict, artifact: Path, arch: str = "sm_70") -> None:
     shapes = list({Shape(**r["shape"]): None for r in result["results"] if "error" not in r})
     if not shapes:
         return
-    clock = (result.get("nvml") or {}).get("max_sm_clock_mhz") or _mhz(result.get("sm_clock_max")) or 1530.0
+    clock = (result.get("nvml") or {}).get("max_sm_clock_mhz") or mhz(result.get("sm_clock_max")) or 1530.0
     card = Card(int(result.get("sms") or 80), float(clock))
     try:
         predictions = report.report(artifact, arch, {}, shapes, card)["predictions"]
@@ -223,21 +140,6 @@ def ratio_text(ratio: dict | None) -> str:
     return f"{ratio['point']:.2f}"
 
 
-def _mhz(text: str | None) -> float | None:
-    m = re.match(r"\s*(\d+(?:\.\d+)?)", text or "")
-    return float(m.group(1)) if m else None
-
-
-def _smi(fields: str) -> str:
-    """First GPU's nvidia-smi values (CSV, no units header); empty without nvidia-smi."""
-    try:
-        proc = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                              capture_output=True, text=True)
-    except FileNotFoundError:
-        return ""
-    return (proc.stdout.strip().splitlines() or [""])[0]
-
-
 def worker() -> None:
     """Subprocess side: time one shape through the route's op and compare the output. varlen_fwd
     takes vLLM's 22 arguments; gqa_prefill_fwd (one causal sequence) a workspace allocated once,
@@ -276,7 +178,7 @@ def worker() -> None:
     for _ in range(spec["warmup"]):
         call()
     torch.cuda.synchronize()
-    nvml, handle, nvml_info = open_nvml_for_torch(torch)
+    nvml, handle, nvml_info = gpu_clocks.open_for_torch(torch)
     sampler = gpu_clocks.Sampler(nvml, handle) if nvml else None
     times = []
     with sampler or contextlib.nullcontext():
@@ -287,7 +189,7 @@ def worker() -> None:
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
-    clock = _smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
+    clock = smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
     times.sort()
     ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
     ref16, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16,
@@ -297,25 +199,6 @@ def worker() -> None:
     print(json.dumps({"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1],
                       "sm_clock_after": clock.strip(), "numerics": numerics,
                       "clocks": sampler.summary() if sampler else None, "nvml": nvml_info}))
-
-
-def open_nvml_for_torch(torch):
-    """(pynvml, the handle of torch's current GPU, info) or (None, None, info with a note): found
-    by UUID, else PCI bus id, else index (gpu_clocks.device_handle)."""
-    nvml, note = gpu_clocks.load_nvml()
-    if nvml is None:
-        return None, None, {"available": False, "note": note}
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    uuid = str(getattr(props, "uuid", "") or "") or None
-    pci = None
-    if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
-        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    try:
-        handle, how = gpu_clocks.device_handle(nvml, uuid, pci, torch.cuda.current_device())
-    except Exception as exc:
-        return None, None, {"available": False, "note": f"NVML not sampled: no handle for torch's GPU ({exc})"}
-    return nvml, handle, {"available": True, "device": how, "interval_ms": gpu_clocks.DEFAULT_INTERVAL_S * 1e3,
-                          **gpu_clocks.card_facts(nvml, handle)}
 
 
 WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "
@@ -366,7 +249,7 @@ def render(result: dict) -> str:
             cells += [model_text(per.get(x, {}).get("model")) for x in routes]
             cells += [ratio_text(per.get(x, {}).get("measured_over_model")) for x in routes]
         rows.append(cells)
-    lines += _text_table(header, rows)
+    lines.append(table(rows, header))
     if any(r.get("throttled") for r in result["results"]):
         lines.append(f"* ran throttled ({result.get('throttle_rule', THROTTLE_RULE)})")
     if modelled:
@@ -380,15 +263,9 @@ def render(result: dict) -> str:
     if not nvml.get("available"):
         lines.append(nvml.get("note") or "NVML not sampled")
     else:
-        lines += _text_table(["shape", "route", "samples"], [
-            [r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]])
+        lines.append(table([[r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]],
+                           ["shape", "route", "samples"]))
     return "\n".join(lines)
-
-
-def _text_table(header: list[str], rows: list[list]) -> list[str]:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-            for r in [header, ["-" * w for w in widths], *rows]]
 
 
 def markdown(result: dict) -> str:

@@ -5,7 +5,6 @@ defines, include folders, which kernels must use tensor cores). This module turn
 ``build.ninja`` for the chosen compiler route, runs it, and writes ``manifest.json``.
 """
 
-import json
 import os
 import shlex
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from . import __version__, sass, toolchain
 from .digest import sha256_file, tree_digest
 from .errors import CheckFailed, EnvironmentProblem, Fa2PatchError, mismatch
+from .extension import clear_manifest, manifest_for_artifact, write_manifest
 from .lockfile import Toolchain
 
 DESCRIPTION = "fa2patch-build.toml"
@@ -317,8 +317,7 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
     desc = BuildDescription.load(tree)
     spec = desc.arch(arch)
     build_dir.mkdir(parents=True, exist_ok=True)
-    # A failed build must not leave the previous manifest describing a new, half-built tree.
-    (build_dir / "manifest.json").unlink(missing_ok=True)
+    clear_manifest(build_dir)
     p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python, check_only)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
@@ -334,7 +333,7 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
     artifact = build_dir / (desc.name + ARTIFACT_SUFFIX)
     manifest = _manifest(desc, arch, tree, build_dir, p, artifact, expected_digest)
     manifest["wall_seconds"] = round(time.monotonic() - start, 1)
-    (build_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(build_dir, manifest)
     return manifest
 
 
@@ -365,3 +364,11 @@ def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_dig
         "artifact": {"file": artifact.name, "sha256": sha256_file(artifact)},
         "ptxas_kernels": kernels,
     }
+
+
+def artifact_manifest(artifact: Path, tree: Path, arch: str) -> dict:
+    """The manifest verify needs for an extension built without ``fa2patch build`` (for example by
+    the CMake of ``fa2patch package --vllm-src``): the arch, lab flag and tensor-core kernel globs
+    from the tree's build description (extension.manifest_for_artifact); there is no ptxas log."""
+    spec = BuildDescription.load(tree).arch(arch)
+    return manifest_for_artifact(artifact, arch, spec.lab, spec.tensor_core_kernels)

@@ -222,33 +222,6 @@ def faster_if_separated(a: dict, b: dict) -> str:
     return "a" if a["calibrated_ms_high"] < b["calibrated_ms_low"] else "b"
 
 
-def sass_record(function, warps_per_cta: int, v100: dict | None = None) -> dict:
-    """What anchors.toml records of a kernel compiled from an anchor's open source: its hot loop's
-    mix and timed iteration (``critical_cycles`` for ``critical_warps`` warps of one CTA per
-    sub-partition), and its code outside the loop timed once (``[kernel.outside]``), every
-    instruction once, both sides of a branch, as for our own kernels. ``function``: a
-    sass.SassFunction with one hot loop."""
-    from . import phases
-    from .report import mix_of
-
-    v100 = v100 or load_v100()
-    (loop,) = function.hot_loops()
-    w = math.ceil(warps_per_cta / 4)
-    inside = {i.addr for i in loop.instrs}
-    outside = [i for i in function.instrs if i.addr not in inside]
-    counts, mix = mix_of(loop.instrs)
-    return {
-        "loop": {"instructions": mix.instructions, "hmma_f32_steps": mix.hmma_f32_steps,
-                 "hmma_f16_steps": mix.hmma_f16_steps, "shared_passes": mix.shared_passes,
-                 "shuffles": mix.shuffles, "fp32": mix.fp32, "mufu": mix.mufu,
-                 "load_use_gaps": list(mix.load_use_gaps),
-                 "critical_cycles": round(phases.lockstep_cycles(loop.instrs, w, v100)["cycles"], 1),
-                 "critical_warps": w},
-        "outside": {"instructions": len(outside), "critical_cycles": round(phases.once_cycles(outside, w, v100), 1),
-                    "critical_warps": w},
-    }
-
-
 def range_text(point: float, low: float, high: float, digits: int = 3) -> str:
     """"3.12 (2.78-3.45)": a point with its range."""
     return f"{point:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"

@@ -20,13 +20,10 @@
 
 import math
 
-from . import sass
-from .bench import Shape
+from .shapes import Shape
 from .errors import EnvironmentProblem
 from .v100model import Card, KernelLaunch, LoopMix, fa2_grid_iterations
 
-ROUTE = "sm70-dense"
-SPLIT_ROUTE = "sm70-dense-splitkv"
 COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
 # splitkv_combine_sm70.cu: one warp merges one output row (rows per CTA = threads / 32), each
 # lane two columns of every 64 (its column loop runs ceil(d / 64) times).
@@ -167,20 +164,6 @@ def combine_launch(combine: dict, rows: int, d: int, hbm: float) -> KernelLaunch
     trips = -(-d // COMBINE_COLUMNS_PER_TRIP)
     return KernelLaunch(COMBINE_KERNEL, LoopMix(**combine["loop"]["model_mix"]), (trips,) * ctas, warps,
                         combine["blocks_per_sm"], LoopMix(**combine["outside"]["model_mix"]), 0, hbm)
-
-
-def combine_row(function: sass.SassFunction, threads: int, blocks_per_sm: int, warps: int, cta_warps: int,
-                v100: dict, loop_row, outside_row) -> dict:
-    """What report needs of the combine kernel's SASS: its main loop (report.loop_row at the
-    kernel's ``warps`` per scheduler, timed with one CTA's ``cta_warps``; its inner loops once)
-    and everything else (report.outside_row), timed once."""
-    loop = function.main_loop()
-    if loop is None:
-        raise EnvironmentProblem(f"{function.name}: the split-KV combine has no loop (expected its column loop)")
-    inside = {i.addr for i in loop.instrs}
-    return {"threads": threads, "blocks_per_sm": blocks_per_sm,
-            "loop": loop_row(function, loop, v100, warps, None, cta_warps),
-            "outside": outside_row([i for i in function.instrs if i.addr not in inside], cta_warps, v100)}
 
 
 def cheapest_hot_loop(kernel: dict) -> dict:

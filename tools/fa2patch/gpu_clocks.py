@@ -217,3 +217,22 @@ def describe(summary: dict | None) -> str:
 def _range(s: dict) -> str:
     lo, mid, hi = (f"{round(s[k], 1):g}" for k in ("min", "median", "max"))
     return lo if lo == hi else f"{lo}-{mid}-{hi}"
+
+
+def open_for_torch(torch):
+    """(pynvml, the handle of torch's current GPU, info) or (None, None, info with a note): found
+    by UUID, else PCI bus id, else index (device_handle)."""
+    nvml, note = load_nvml()
+    if nvml is None:
+        return None, None, {"available": False, "note": note}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    uuid = str(getattr(props, "uuid", "") or "") or None
+    pci = None
+    if all(hasattr(props, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    try:
+        handle, how = device_handle(nvml, uuid, pci, torch.cuda.current_device())
+    except Exception as exc:
+        return None, None, {"available": False, "note": f"NVML not sampled: no handle for torch's GPU ({exc})"}
+    return nvml, handle, {"available": True, "device": how, "interval_ms": DEFAULT_INTERVAL_S * 1e3,
+                          **card_facts(nvml, handle)}

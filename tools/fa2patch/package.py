@@ -30,6 +30,9 @@ from .digest import git_tree_digest
 from .errors import CheckFailed, EnvironmentProblem
 from .lockfile import Lock
 from .project import Project
+# The tested vLLM release's facts and sources live in vllm_sdist; re-exported here for the callers that
+# import them from package (ci/gpu-vllm.sh, tests/conftest.py).
+from .vllm_sdist import extract_vllm_sources, vllm_release  # noqa: F401
 
 DIST = "fa2patch_vllm"  # distribution and import name
 ENTRY_POINTS = "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register\n"
@@ -89,7 +92,7 @@ def platform_tag() -> str:
 def packageable(project: Project, arch: str) -> tuple[dict, Path]:
     """The manifest and extension of build/<arch>, refused when it is not for a vLLM install: a lab
     build, or a check-only build against a torch that cannot run it (--allow-torch-without-sm70)."""
-    from .verify import load_manifest
+    from .extension import load_manifest
 
     manifest, artifact = load_manifest(project.build_dir(arch))
     if manifest.get("lab"):
@@ -225,30 +228,3 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"vllm_src": str(dest), **record}
-
-
-def vllm_release(project: Project) -> dict:
-    """The tested vLLM release (packaging/vllm-release.toml)."""
-    import tomllib
-
-    path = project.root / "packaging" / "vllm-release.toml"
-    try:
-        return tomllib.loads(path.read_text())["vllm"]
-    except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
-        raise EnvironmentProblem(f"{path}: cannot read the tested vLLM release: {exc}") from exc
-
-
-def extract_vllm_sources(project: Project, dest: Path, extra: tuple[str, ...] = ()) -> Path:
-    """The tested vLLM release's Python package (and ``extra`` files of its source tree) at
-    ``dest``/vllm-<version>, from its sdist fetched through the package index."""
-    from .fetch import fetch_pinned
-
-    release = vllm_release(project)
-    sdist = fetch_pinned("vllm", release["sdist"], release["sha256"], release["size"])
-    top = f"vllm-{release['version']}"
-    wanted = (f"{top}/vllm/", *(f"{top}/{e}" for e in extra))
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.isfile() and m.name.startswith(wanted) and (m.name.endswith(".py") or m.name in wanted)]
-        tar.extractall(dest, members=members, filter="data")
-    return dest / top

@@ -9,8 +9,8 @@ Two halves:
 
 - ``extract`` (slow, needs the Triton that vLLM's torch pins; not run in CI): compiles the
   kernels for capability 7.0 offline (peer_compile.py), reads their SASS with the same pipeline as
-  our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``report.mix_of``,
-  ``report.outside_row``) and writes data/peer_vllm_triton.toml. Command:
+  our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
+  ``sass_mix.outside_row``) and writes data/peer_vllm_triton.toml. Command:
 
       python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python \\
           --out tools/fa2patch/data/peer_vllm_triton.toml
@@ -35,10 +35,11 @@ import tomllib
 from dataclasses import replace
 from pathlib import Path
 
-from . import peer_compile, report, sass, toolchain
-from .bench import Shape
+from . import peer_compile, sass, sass_mix, toolchain
+from .shapes import Shape
 from .errors import EnvironmentProblem
-from .v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_data, load_v100, lower_bound
+from .v100model import (Card, CtaKind, KernelLaunch, LoopMix, access_passes, estimate_launch, load_data, load_v100,
+                        lower_bound, occupancy)
 
 NAME = "vllm-triton"
 TRITON_PIN = ("vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
@@ -126,7 +127,7 @@ def runs(kinds: dict[str, CtaKind], order: list[tuple[str, int]]) -> list[CtaKin
 
 
 def launch_of(name: str, parts: list[CtaKind], variant: dict, hbm: float, v100: dict) -> KernelLaunch:
-    occ = report.occupancy(variant["registers"], variant["shared"], 32 * variant["num_warps"], v100)
+    occ = occupancy(variant["registers"], variant["shared"], 32 * variant["num_warps"], v100)
     head = parts[0]
     return KernelLaunch(name, head.loop, head.iterations, variant["num_warps"], occ["blocks_per_sm"], head.epilogue,
                         head.prologue_load_rounds, hbm, tuple(parts[1:]))
@@ -195,12 +196,12 @@ def peer_estimate(shape: Shape, card: Card, data: dict | None = None, v100: dict
 def render(rows: list[dict], predictions: list[dict] = ()) -> str:
     """The peer's section of `report`: per shape its plan, model time and bounds, and the ratio of
     its model time to each of our routes' model time for the same shape (both uncalibrated)."""
-    from .report import _table
+    from .tables import table
 
     ours = {}
     for p in predictions:
         ours.setdefault(p["label"], []).append(p)
-    table = [[e["label"], f"{e['plan']['mode']} {e['plan']['variant']}", e["plan"]["ctas"], f"{e['fp32_bound_ms']:.3f}",
+    cells = [[e["label"], f"{e['plan']['mode']} {e['plan']['variant']}", e["plan"]["ctas"], f"{e['fp32_bound_ms']:.3f}",
               f"{e['bound_ms']:.3f}", f"{e['model_ms']:.3f}", f"{e['model_ms_spills_on_l1']:.3f}", e["binding"],
               ", ".join(f"{p['route']} {e['model_ms'] / p['model_ms']:.2f}x" for p in ours.get(e["label"], [])) or "-"]
              for e in rows]
@@ -210,8 +211,8 @@ def render(rows: list[dict], predictions: list[dict] = ()) -> str:
             f"{src['ptxas']}), model estimates of a kernel WITHOUT tensor cores (tl.dot -> FFMA), uncalibrated, "
             f"{card['sms']} SMs at {card['clock_mhz']:g} MHz. FP32 bound: its FP32 instructions alone; "
             f"spills on L1: local memory charged on the shared-memory path. docs/peer-vllm-triton.md.")
-    return "\n".join([head, _table(table, ["shape", "grid", "CTAs", "FP32 bound ms", "bound ms", "model ms",
-                                           "spills on L1 ms", "binding", "peer model / route model"])])
+    return "\n".join([head, table(cells, ["shape", "grid", "CTAs", "FP32 bound ms", "bound ms", "model ms",
+                                            "spills on L1 ms", "binding", "peer model / route model"])])
 
 
 # --- Extraction ---------------------------------------------------------------------------------
@@ -220,32 +221,33 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     """One compiled variant read with the pipeline our kernels go through: resources, the main
     loop's mix (every instruction once: Triton's loop has no inner loop) and the code outside it."""
     # A bare cubin's listing names no "arch = sm_XX" section (a fat binary's does).
-    usage = sass.cuobjdump(cuobjdump, ["--dump-resource-usage"], cubin)
+    usage = toolchain.cuobjdump(cuobjdump, ["--dump-resource-usage"], cubin)
     (res,) = sass.parse_resource_usage(usage if "arch = sm_" in usage else f"arch = sm_70\n{usage}")
-    (function,) = sass.parse_sass(sass.cuobjdump(cuobjdump, ["-sass"], cubin))
+    (function,) = sass.parse_sass(toolchain.cuobjdump(cuobjdump, ["-sass"], cubin))
     (ptx,) = sass.parse_ptxas_log(ptxas_log).values()
     loop = function.main_loop()
     if loop is not None and len(loop.instrs) <= len(function.instrs) // 4:
         loop = None          # only a small loop (reduce_segments' sequence search): no main loop
-    if loop is not None and function.inner_loops(loop):
+    if loop is not None and any(loop.start <= lp.start and lp.end <= loop.end and (lp.start, lp.end) != (loop.start, loop.end)
+                                for lp in function.loops()):
         raise ValueError(f"{cubin}: the main loop at {loop.start:#x} has inner loops: trip counts unknown")
     inside = {i.addr for i in loop.instrs} if loop else set()
     out = {"registers": res.registers, "stack": res.stack, "spill_stores": ptx.spill_stores,
            "spill_loads": ptx.spill_loads, "static_instructions": len(function.instrs),
-           "outside": report.outside_row([i for i in function.instrs if i.addr not in inside])}
+           "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside])}
     out["outside"]["model_mix"] = {k: v for k, v in out["outside"]["model_mix"].items() if k != "load_use_gaps"}
     if loop is not None:
-        counts, m = report.mix_of(loop.instrs)
-        local = [i.op for i in loop.instrs if report.base(i.op) in ("LDL", "STL")]
+        counts, m = sass_mix.mix_of(loop.instrs)
+        local = [i.op for i in loop.instrs if sass_mix.base(i.op) in ("LDL", "STL")]
         out["loop"] = {"start": loop.start, "end": loop.end, "instructions": len(loop.instrs), "mix": counts,
                        "model_mix": {**vars(m), "load_use_gaps": list(m.load_use_gaps)},
-                       "local_passes": sum(report.access_passes(report.access_bytes(op)) for op in local)}
+                       "local_passes": sum(access_passes(sass_mix.access_bytes(op)) for op in local)}
     return out
 
 
 def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
     """Compile every variant with ``python`` (an environment with vLLM's Triton) and read it."""
-    from .package import extract_vllm_sources, vllm_release
+    from .vllm_sdist import extract_vllm_sources, vllm_release
     from .project import Project
 
     project = Project.find()
@@ -316,7 +318,7 @@ def main(argv=None) -> int:
             write(extract(args.python, work, args.vllm_src), args.out)
         print(args.out)
         return 0
-    from .bench import parse_shapes
+    from .shapes import parse_shapes
 
     data = tomllib.loads(args.data.read_text()) if args.data else None
     for shape in parse_shapes(args.shapes):

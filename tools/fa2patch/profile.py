@@ -23,9 +23,9 @@ import statistics
 from pathlib import Path
 
 from .errors import CheckFailed
+from .routes import EXACT, GQA, SPLITKV
 
 FORMAT = "fa2patch-routing-profile/1"
-EXACT, SPLITKV, GQA = "sm70-dense", "sm70-dense-splitkv", "sm70-gqa-prefill"
 ROUTES = (EXACT, GQA)                     # the names a decision may carry (build_info()'s route names)
 TOP_LEVEL = {"format", "device", "extension_sha256", "software", "clocks_seen", "measured", "decisions"}
 REQUIRED = ("format", "device", "extension_sha256", "decisions")

@@ -1,5 +1,6 @@
-"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings;
-and the one way kernel names are matched (``kernel_matches``).
+"""Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings (text
+in, dataclasses out: toolchain.cuobjdump and toolchain.demangle run the tools); and the one way
+kernel names are matched (``kernel_matches``).
 
 Used by `verify` (budgets, tensor-core checks, launch configurations) and `report` (loop mixes,
 operands of loads).
@@ -7,11 +8,8 @@ operands of loads).
 
 import fnmatch
 import re
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from .errors import EnvironmentProblem
 
 
 @dataclass
@@ -155,13 +153,6 @@ class SassFunction:
         without tensor cores (Triton's FMA dot on sm_70) has its main loop in FFMA and loads."""
         return max(self.outer_loops(), key=lambda lp: len(lp.instrs), default=None)
 
-    def inner_loops(self, outer: Loop) -> list[Loop]:
-        """The loops directly inside ``outer`` (not inside another loop inside it)."""
-        inside = [lp for lp in self.loops() if outer.start <= lp.start and lp.end <= outer.end
-                  and (lp.start, lp.end) != (outer.start, outer.end)]
-        return [lp for lp in inside if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
-                                               for o in inside)]
-
     @property
     def hmma(self) -> int:
         return sum(1 for op in self.opcodes if op.startswith("HMMA"))
@@ -199,32 +190,6 @@ def parse_sass(text: str) -> list[SassFunction]:
                 target = int(t.group(1), 16)
             current.instrs.append(Instr(int(m.group(1), 16), op, target, m.group(4).strip(), m.group(2) is not None))
     return functions
-
-
-NO_DEVICE_CODE = "does not contain device code"
-
-
-def cuobjdump(tool: Path, args: list[str], binary: Path) -> str:
-    """Run cuobjdump; a binary without device code gives an empty listing."""
-    try:
-        proc = subprocess.run([str(tool), *args, str(binary)], capture_output=True, text=True)
-    except OSError as exc:
-        raise EnvironmentProblem(f"{tool}: cannot run cuobjdump: {exc}") from exc
-    if proc.returncode != 0:
-        if NO_DEVICE_CODE in proc.stdout + proc.stderr:
-            return ""
-        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: "
-                                 f"{proc.stderr.strip()}")
-    return proc.stdout
-
-
-def demangle(names: list[str]) -> dict[str, str]:
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                             check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError):
-        return {n: n for n in names}
-    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
 
 
 def kernel_matches(demangled: str, pattern: str) -> bool:

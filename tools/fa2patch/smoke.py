@@ -7,23 +7,11 @@ the environment that selects it. Each route runs in its own subprocess with that
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
-from .errors import EnvironmentProblem, NothingToLaunch
-from .verify import load_manifest
-
-GPU_PROBE = r"""
-import json, torch
-info = {"cuda": torch.cuda.is_available()}
-if info["cuda"]:
-    p = torch.cuda.get_device_properties(0)
-    info.update(name=p.name, capability=f"sm_{p.major}{p.minor}", sms=p.multi_processor_count,
-                torch=torch.__version__, cuda_version=torch.version.cuda)
-print(json.dumps(info))
-"""
+from .errors import NothingToLaunch
+from .extension import load_build_info, load_manifest, manifest_path, pin_route, probe_gpu, python_json, route_entry
 
 # (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
 # Routes whose op is varlen_fwd run these; the long-prefill op (one sequence, causal, head dim 256)
@@ -40,37 +28,14 @@ PREFILL_PROBLEMS = [
 ]
 
 
-def _python_json(code: str, *args, env=None) -> dict:
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        return {"error": proc.stderr.strip()[-3000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def load_build_info(artifact: Path) -> dict:
-    """The extension's build_info() JSON, read in a subprocess; {"error": ...} if it cannot load."""
-    return _python_json("import sys, torch; torch.ops.load_library(sys.argv[1]); "
-                        "print(torch.ops._vllm_fa2_C.build_info())", str(artifact))
-
-
-def require_build_info(artifact: Path) -> dict:
-    """build_info(), or EnvironmentProblem when the extension does not load (report and bench
-    need it; smoke and verify report a failed load as a failed row instead)."""
-    info = load_build_info(artifact)
-    if "error" in info:
-        raise EnvironmentProblem(f"{artifact}: cannot load it: {info['error']}")
-    return info
-
-
 def smoke(build_dirs: list[Path]) -> list[dict]:
-    gpu = _python_json(GPU_PROBE)
+    gpu = probe_gpu()
     if "error" in gpu or not gpu.get("cuda"):
         raise NothingToLaunch("nothing launched: torch sees no CUDA GPU on this machine "
                              f"(torch.cuda.is_available() is False){gpu.get('error', '')}")
     built = []
     for d in build_dirs:
-        if (d / "manifest.json").is_file():
+        if manifest_path(d).is_file():
             manifest, artifact = load_manifest(d)
             built.append((manifest["arch"], artifact))
     runnable = [(a, art) for a, art in built if a == gpu["capability"]]
@@ -87,30 +52,12 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
         if not info.get("routes"):
             raise NothingToLaunch(f"nothing launched: {artifact} registers no routes "
                                  "(build_info().routes is empty: no kernels in this patch series yet)")
-        for route in map(_route, info["routes"]):
-            r = _python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),
-                             json.dumps(route), env=route.get("env"))
+        for route in map(route_entry, info["routes"]):
+            r = python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),
+                            json.dumps(route), env=route.get("env"))
             results.append({"arch": arch, "route": route["name"], **r,
                             "ok": "error" not in r and all(c["ok"] for c in r["cases"])})
     return results
-
-
-# The routing test hook that pins varlen_fwd to the exact route with this many splits (patch 0004).
-PIN_SPLITS_HOOK = "_routing_prefill_splits_for_testing"
-
-
-def _route(entry) -> dict:
-    """A build_info route: a name reached through varlen_fwd (the exact route, pinned to itself with
-    ``pin_splits`` 1, unsplit, whatever the router would choose), or an object naming its own op."""
-    if isinstance(entry, str):
-        return {"name": entry, "op": "varlen_fwd", "env": {"FA2PATCH_FORCE_SM70": "1"}, "pin_splits": 1}
-    return entry
-
-
-def pin_route(ops, route: dict) -> None:
-    """Subprocess side: pin varlen_fwd to the route (see ``_route``) where the build has the hook."""
-    if route.get("pin_splits") and hasattr(ops, PIN_SPLITS_HOOK):
-        getattr(ops, PIN_SPLITS_HOOK)(route["pin_splits"])
 
 
 def probe_route() -> None:

@@ -330,3 +330,31 @@ def choose_compiler(choice: str, arch: str, build_dir: Path, pins: Toolchain) ->
                     return Compiler("clang", clang, version, cuda_path=cuda)
     raise EnvironmentProblem(f"no compiler can build {arch} (--cuda-compiler {choice}):\n  "
                              + "\n  ".join(problems))
+
+
+# --- running cuobjdump and c++filt (sass.py parses what they print) ------------------------------
+
+NO_DEVICE_CODE = "does not contain device code"
+
+
+def cuobjdump(tool: Path, args: list[str], binary: Path) -> str:
+    """Run cuobjdump; a binary without device code gives an empty listing."""
+    try:
+        proc = subprocess.run([str(tool), *args, str(binary)], capture_output=True, text=True)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{tool}: cannot run cuobjdump: {exc}") from exc
+    if proc.returncode != 0:
+        if NO_DEVICE_CODE in proc.stdout + proc.stderr:
+            return ""
+        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: "
+                                 f"{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}

@@ -3,7 +3,7 @@ write a routing profile (``profile``) keyed by the device and the extension.
 
 The calls (``tune_plan``): one rank's heads from the model's config.json and --tp, vLLM's prefill
 chunks (--max-num-batched-tokens) over KV up to --max-model-len, on a grid of representative
-points. Each point runs in one worker process (``worker``) with vLLM's KV-cache layout (pages of
+points. Each point runs in one worker process (``tune_worker.worker``) with vLLM's KV-cache layout (pages of
 --block-size tokens, K and V as views of one (blocks, kv heads, page, 2 D) tensor, a shuffled
 block table), and every route it can take: the exact route ``sm70-dense``, the exact route with
 split-KV for each of --splits (``sm70-dense-splitkv``), and the long-prefill op where it takes the
@@ -12,7 +12,7 @@ call (``sm70-gqa-prefill``). Timing: CUDA events around each call, warm-up calls
 card during the rounds (``gpu_clocks``). Numerics (untimed): each route's output against the exact
 route's on the same inputs (finite, relative L2 within the contract's bound).
 
-How a route is forced is in ONE function, ``run_route``: the exact route through
+How a route is forced is in ONE function, ``tune_worker.run_route``: the exact route through
 VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL=0 (read on every call; README "Routing"),
 the long-prefill route through its explicit op ``gqa_prefill_fwd`` with a workspace sized by
 ``gqa_prefill_workspace_bytes`` (as tests/gpu/prefill_cases.py calls it), split-KV through the
@@ -27,8 +27,6 @@ on a V100) and without FA2PATCH_ROUTING_PROFILE (a profile must not steer its ow
 Off a V100 the timings are not V100 timings; the profile and the output say so.
 """
 
-import contextlib
-import hashlib
 import json
 import os
 import re
@@ -37,41 +35,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from . import __version__, gpu_clocks, numerics, profile
+from . import __version__, gpu_clocks, profile
 from .errors import EnvironmentProblem, Fa2PatchError
-from .tune_plan import RankHeads, grid_points
+from .extension import PIN_SPLITS_HOOK
+from .routes import EXACT, GQA, SPLITKV
+from .tables import table
+from .tune_plan import Plan, RankHeads
+from .tune_worker import ENV_EXACT
 
-ENV_EXACT = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
-SPLIT_HOOK = "_routing_prefill_splits_for_testing"
 LAB_NOTE = ("timings on {name} ({cap}) with the SM70 kernels forced (FA2PATCH_FORCE_SM70=1): not V100 timings; "
             "this profile proves the mechanism, its decisions say nothing about a V100")
-
-
-@dataclass(frozen=True)
-class Plan:
-    heads: RankHeads
-    chunk: int
-    max_model_len: int
-    block_size: int = 16
-    warmup: int = 2
-    reps: int = 7
-    splits: tuple = (2, 3, 4)
-
-    @property
-    def points(self) -> list[tuple[int, int]]:
-        return grid_points(self.chunk, self.max_model_len)
-
-    def routes_at(self, q: int, kv: int, gqa: dict | None) -> list[tuple[str, int]]:
-        """(route, splits) to run at a point: the exact route, split-KV, and the long-prefill op
-        where it takes the call (its head dim, whole groups of at most max_group, KV >= Q)."""
-        routes = [(profile.EXACT, 1)] + [(profile.EXACT, s) for s in self.splits]
-        h = self.heads
-        if gqa and h.d == gqa["head_dim"] and h.hq % h.hkv == 0 and h.group <= gqa["max_group"] and kv >= q:
-            routes.append((profile.GQA, 1))
-        return routes
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -83,7 +59,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     route report does not estimate for the point (a build without the split-KV combine, a
     long-prefill call report does not take) is charged the exact route's time, and the note says so."""
     from . import report
-    from .bench import Shape
+    from .shapes import Shape
 
     if sm70_artifact is None:
         return {"available": False, "note": "no estimate: report needs an sm_70 build (fa2patch build --arch sm_70)"}
@@ -94,13 +70,13 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card, tuple(plan.splits))["predictions"]
     except Fa2PatchError as exc:
         return {"available": False, "note": f"no estimate: {exc}"}
-    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == profile.SPLITKV else 1):
+    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == SPLITKV else 1):
               p["calibrated_ms"] for p in predictions}
     calls = plan.warmup + plan.reps + 1
     total, per_route, stand_in = 0.0, {}, set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
     for shape, (q, kv) in zip(shapes, plan.points):
-        dense = by_key[(shape.label, profile.EXACT, 1)]
+        dense = by_key[(shape.label, EXACT, 1)]
         for route, splits in plan.routes_at(q, kv, gqa):
             name = profile.table_route(route, splits)
             ms = by_key.get((shape.label, name, splits))
@@ -128,7 +104,7 @@ def run(artifact: Path, plan: Plan, progress=None) -> dict:
     env.pop(ENV_EXACT, None)
     start, points = None, []
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", "from fa2patch.tune import worker; worker()", str(artifact),
+        proc = subprocess.Popen([sys.executable, "-c", "from fa2patch.tune_worker import worker; worker()", str(artifact),
                                  json.dumps(spec)], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         for line in proc.stdout:
             if not line.startswith("{"):
@@ -153,7 +129,7 @@ def measured_rows(plan: Plan, points: list[dict]) -> list[dict]:
     h = plan.heads
     rows = []
     for p in points:
-        exact = next((r for r in p["rows"] if r["route"] == profile.EXACT and r["splits"] == 1), None)
+        exact = next((r for r in p["rows"] if r["route"] == EXACT and r["splits"] == 1), None)
         for r in p["rows"]:
             row = {"q": p["q"], "kv": p["kv"], "hq": h.hq, "hkv": h.hkv, "group": h.group, "head_dim": h.d,
                    "route": r["route"], "splits": r["splits"], "name": profile.table_route(r["route"], r["splits"]),
@@ -201,7 +177,7 @@ def render(result: dict) -> str:
     the winner) and the decisions."""
     names = []
     for r in result["measured"]:
-        if r["name"] != profile.EXACT and (r["name"], r["splits"]) not in names:
+        if r["name"] != EXACT and (r["name"], r["splits"]) not in names:
             names.append((r["name"], r["splits"]))
     by_point: dict[tuple, dict] = {}
     for r in result["measured"]:
@@ -209,7 +185,7 @@ def render(result: dict) -> str:
     header = ["Q", "KV", "exact ms"] + [f"{n}{' x' + str(s) if s > 1 else ''} / exact" for n, s in names] + ["SM MHz"]
     rows = []
     for (q, kv), per in by_point.items():
-        exact = per.get((profile.EXACT, 1), {})
+        exact = per.get((EXACT, 1), {})
         cells = [q, kv, f"{exact['median_ms']:.3f}" if "median_ms" in exact else exact.get("error", "-")[:30]]
         for key in names:
             r = per.get(key)
@@ -224,201 +200,10 @@ def render(result: dict) -> str:
         sm = clocks.get("sm_clock_mhz")
         cells.append(f"{sm['median']:g}{' throttled' if clocks.get('throttled') else ''}" if sm else "-")
         rows.append(cells)
-    from .bench import _text_table
-
-    lines = _text_table(header, rows)
+    lines = [table(rows, header)]
     lines += ["", "ratio: median of the paired per-round ratios to the exact route (min-max); a route wins where "
               "1 - median > max - min", "", profile.summary(result["profile"])]
     return "\n".join(lines)
-
-
-# --- the worker (subprocess side) ---------------------------------------------------------------------
-
-def loaded_library(name: str = "_vllm_fa2_C") -> str | None:
-    """The path of the loaded shared object whose file name contains ``name`` (/proc/self/maps):
-    the file the process really mapped, whatever path it was loaded by."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and name in Path(parts[5]).name:
-            return parts[5].strip()
-    return None
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-class RouteNotForced(RuntimeError):
-    pass
-
-
-def split_hook(ops):
-    return getattr(ops, SPLIT_HOOK) if hasattr(ops, SPLIT_HOOK) else None
-
-
-def run_route(ops, route: str, splits: int, call, events=None) -> None:
-    """Force ``route`` (with ``splits``) for one launch of ``call`` (a ``Call``); with ``events``
-    (start, end CUDA events) record them around the launch only. The one place that knows how."""
-    hook = None
-    if route == profile.GQA:
-        launch = call.gqa
-    else:
-        os.environ[ENV_EXACT] = "0"
-        launch = call.varlen
-        hook = split_hook(ops)
-        if hook is None and splits > 1:
-            raise RouteNotForced(f"this extension has no {SPLIT_HOOK}: no split-KV prefill to measure")
-        if hook is not None:
-            hook(splits)
-    try:
-        if events:
-            events[0].record()
-        launch()
-        if events:
-            events[1].record()
-    finally:
-        if hook is not None:
-            hook(0)
-
-
-class Call:
-    """One point's inputs in vLLM's layout and its two launches (varlen_fwd, gqa_prefill_fwd) into ``out``."""
-
-    def __init__(self, torch, ops, q_len: int, kv_len: int, heads: dict, page: int, seed: int):
-        hq, hkv, d = heads["hq"], heads["hkv"], heads["d"]
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        blocks = -(-kv_len // page)
-        self.q = torch.randn(q_len, hq, d, generator=gen, device="cuda", dtype=torch.float16)
-        cache = torch.randn(blocks, hkv, page, 2 * d, generator=gen, device="cuda", dtype=torch.float16)
-        self.k, self.v = cache.transpose(1, 2).split(d, dim=-1)      # vLLM's views: row stride 2 D
-        self.table = torch.randperm(blocks, generator=gen, device="cuda").to(torch.int32).view(1, -1)
-        self.cu_q = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
-        self.cu_k = torch.tensor([0, kv_len], dtype=torch.int32, device="cuda")
-        self.q_len, self.kv_len, self.scale, self.ops, self.torch = q_len, kv_len, d ** -0.5, ops, torch
-        self.out = torch.empty_like(self.q)
-        self.ws = None
-
-    def varlen(self):
-        self.ops.varlen_fwd(self.q, self.k, self.v, self.out, self.cu_q, self.cu_k, None, None, self.table, None,
-                            self.q_len, self.kv_len, 0.0, self.scale, False, True, -1, -1, 0.0, False, 0, None)
-
-    def gqa(self):
-        if self.ws is None:
-            n = self.ops.gqa_prefill_workspace_bytes(self.q_len, self.kv_len, self.q.shape[1], self.k.shape[2])
-            self.ws = self.torch.empty(n, dtype=self.torch.uint8, device="cuda")
-        self.ops.gqa_prefill_fwd(self.q, self.k, self.v, self.out, self.table, self.kv_len, self.scale, self.ws)
-
-
-def _route_counts(ops, device: int) -> dict:
-    try:
-        return json.loads(ops.route_stats())["devices"].get(str(device), {}).get("routes", {})
-    except Exception:
-        return {}
-
-
-def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list, nvml, handle) -> dict:
-    """Warm up, check each varlen route was forced, time ``reps`` rounds, then check numerics."""
-    call = Call(torch, ops, q_len, kv_len, spec["heads"], spec["block_size"], seed=q_len * 7919 + kv_len)
-    device = torch.cuda.current_device()
-    rows = {key: {"route": key[0], "splits": key[1], "times_ms": []} for key in routes}
-    live = []
-    for key in routes:
-        route, splits = key
-        try:
-            before = _route_counts(ops, device)
-            for _ in range(max(1, spec["warmup"])):
-                run_route(ops, route, splits, call)
-            torch.cuda.synchronize()
-            after = _route_counts(ops, device)
-            counted = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
-            expected = profile.table_route(route, splits)
-            if route != profile.GQA and counted and expected not in counted:
-                raise RouteNotForced(f"route_stats() counted {counted}, not {expected}")
-            live.append(key)
-        except Exception as exc:  # an op that refuses the call, an OOM, a route the build lacks
-            rows[key]["error"] = f"{type(exc).__name__}: {exc}".strip()[:500]
-    sampler = gpu_clocks.Sampler(nvml, handle) if nvml else None
-    with sampler or contextlib.nullcontext():
-        for k in range(spec["reps"]):
-            order = live[k % len(live):] + live[:k % len(live)] if live else []
-            events = {key: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for key in order}
-            for key in order:
-                run_route(ops, key[0], key[1], call, events[key])
-            torch.cuda.synchronize()
-            for key in order:
-                rows[key]["times_ms"].append(events[key][0].elapsed_time(events[key][1]))
-    exact = None
-    for key in live:
-        call.out = torch.full_like(call.q, float("nan"))
-        run_route(ops, key[0], key[1], call)
-        torch.cuda.synchronize()
-        if key == (profile.EXACT, 1):
-            exact = call.out
-        rows[key]["numerics"] = _compare(torch, call.out, exact)
-        rows[key]["ok"] = rows[key]["numerics"]["ok"]
-    for key in live:
-        t = sorted(rows[key]["times_ms"])
-        rows[key].update(median_ms=statistics.median(t), min_ms=t[0], max_ms=t[-1])
-    return {"event": "point", "q": q_len, "kv": kv_len, "rows": list(rows.values()),
-            "clocks": sampler.summary() if sampler else None}
-
-
-def _compare(torch, out, exact) -> dict:
-    finite = bool(torch.isfinite(out).all())
-    if out is exact:
-        return {"finite": finite, "against": "nothing (this is the exact route)", "ok": finite}
-    if exact is None:
-        return {"finite": finite, "against": "nothing: the exact route failed at this point", "ok": False}
-    diff = (out.float() - exact.float())
-    rel = (torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(exact.float()).clamp_min(1e-30)).item()
-    return {"finite": finite, "against": "the exact route", "max_abs": diff.abs().max().item(), "rel_l2": rel,
-            "ok": finite and rel <= numerics.REL_L2_MAX}
-
-
-def worker() -> None:
-    import torch
-
-    from .bench import open_nvml_for_torch
-
-    artifact, spec = sys.argv[1], json.loads(sys.argv[2])
-    torch.ops.load_library(artifact)
-    ops = torch.ops._vllm_fa2_C
-    loaded = loaded_library() or str(Path(artifact).resolve())
-    info = json.loads(ops.build_info())
-    stats = json.loads(ops.route_stats())
-    h = spec["heads"]
-    dense = sorted((k for k in info.get("kernels", []) if k.get("route") == profile.EXACT
-                    and k.get("head_dim", 0) >= h["d"]), key=lambda k: k["head_dim"])
-    gqa_kernel = next((k for k in info.get("kernels", []) if k.get("route") == profile.GQA), None)
-    gqa = {"head_dim": gqa_kernel["head_dim"], "max_group": stats.get("long_prefill", {}).get("max_group", 16)} \
-        if gqa_kernel and hasattr(ops, "gqa_prefill_fwd") else None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    nvml, handle, nvml_info = open_nvml_for_torch(torch)
-    driver = nvml_info.get("driver")
-    plan = Plan(RankHeads(**h), spec["chunk"], spec["max_model_len"], spec["block_size"], spec["warmup"],
-                spec["reps"], tuple(spec["splits"]))
-    print(json.dumps({"event": "start", "device": {"name": props.name, "sms": props.multi_processor_count,
-                                                    "capability": [props.major, props.minor]},
-                      "software": {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver},
-                      "extension": {"path": loaded, "sha256": sha256_of(loaded)},
-                      "split_hook": split_hook(ops) is not None, "gqa": gqa,
-                      "rows_per_cta": dense[0]["rows_per_cta"] if dense else 64, "nvml": nvml_info}), flush=True)
-    has_hook = split_hook(ops) is not None
-    for q_len, kv_len in spec["points"]:
-        t0 = time.monotonic()
-        routes = [r for r in plan.routes_at(q_len, kv_len, gqa) if r[1] == 1 or has_hook]
-        event = measure_point(torch, ops, spec, q_len, kv_len, routes, nvml, handle)
-        event["wall_s"] = time.monotonic() - t0
-        print(json.dumps(event), flush=True)
-        torch.cuda.empty_cache()
 
 
 # --- the command ---------------------------------------------------------------------------------------
@@ -433,7 +218,7 @@ def describe_plan(plan: Plan, model, tp: int) -> str:
              f"chunked prefill: chunks of {plan.chunk} tokens, KV up to {plan.max_model_len}; "
              f"{len(plan.points)} grid points:"]
     lines += [f"  Q={q}: KV {', '.join(map(str, kvs))}" for q, kvs in by_q.items()]
-    lines.append(f"routes: sm70-dense, sm70-dense-splitkv x {', '.join(map(str, plan.splits))}, and sm70-gqa-prefill "
+    lines.append(f"routes: {EXACT}, {SPLITKV} x {', '.join(map(str, plan.splits))}, and {GQA} "
                  f"where its op takes the call; {plan.warmup} warm-up calls, {plan.reps} timed rounds")
     return "\n".join(lines)
 
@@ -461,7 +246,7 @@ def tune(artifact: Path, plan: Plan, out: Path | None, progress=None) -> dict:
     if "notes" in doc["software"]:
         notes.append("WARNING: " + doc["software"]["notes"])
     if not start["split_hook"]:
-        notes.append(f"this extension has no {SPLIT_HOOK}: split-KV was not measured")
+        notes.append(f"this extension has no {PIN_SPLITS_HOOK}: split-KV was not measured")
     if not start.get("nvml", {}).get("available"):
         notes.append(start.get("nvml", {}).get("note") or "NVML not sampled")
     return {"ok": not broken, "profile_path": str(path), "device": start["device"], "extension": start["extension"],

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvironmentProblem
+from .routes import EXACT, GQA
 
 MIN_Q_POINT = 1024
 KV_STEP = 2 ** 0.5
@@ -155,3 +156,27 @@ def kv_points(q: int, chunk: int, max_len: int) -> list[int]:
 def grid_points(chunk: int, max_len: int) -> list[tuple[int, int]]:
     """(Q, KV) points to measure, by Q descending then KV ascending."""
     return [(q, kv) for q in q_points(chunk, max_len) for kv in kv_points(q, chunk, max_len)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    heads: RankHeads
+    chunk: int
+    max_model_len: int
+    block_size: int = 16
+    warmup: int = 2
+    reps: int = 7
+    splits: tuple = (2, 3, 4)
+
+    @property
+    def points(self) -> list[tuple[int, int]]:
+        return grid_points(self.chunk, self.max_model_len)
+
+    def routes_at(self, q: int, kv: int, gqa: dict | None) -> list[tuple[str, int]]:
+        """(route, splits) to run at a point: the exact route, split-KV, and the long-prefill op
+        where it takes the call (its head dim, whole groups of at most max_group, KV >= Q)."""
+        routes = [(EXACT, 1)] + [(EXACT, s) for s in self.splits]
+        h = self.heads
+        if gqa and h.d == gqa["head_dim"] and h.hq % h.hkv == 0 and h.group <= gqa["max_group"] and kv >= q:
+            routes.append((GQA, 1))
+        return routes

@@ -17,8 +17,10 @@ import json
 import statistics
 from pathlib import Path
 
-from .bench import Shape, _mhz
+from .shapes import Shape
+from .tables import table
 from .errors import EnvironmentProblem
+from .extension import mhz
 from .v100model import Card
 
 
@@ -46,7 +48,7 @@ def case_clock(case: dict) -> tuple[float, str] | None:
     sm = ((case.get("clocks") or {}).get("sm_clock_mhz") or {}).get("median")
     if sm:
         return float(sm), "NVML median during the timed calls"
-    after = _mhz(case.get("sm_clock_after"))
+    after = mhz(case.get("sm_clock_after"))
     return (after, "nvidia-smi right after the timed calls") if after else None
 
 
@@ -83,6 +85,11 @@ def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[
     return anchors, skipped
 
 
+def shapes_of(paths: list[Path]) -> list[Shape]:
+    """The shapes of every case of the bench files (for what report reads from the extension first)."""
+    return [Shape(**case["shape"]) for p in paths for case in read_bench(p)["results"] if "shape" in case]
+
+
 def load(paths: list[Path], launches_for) -> tuple[list[dict], list[dict]]:
     """Every file's anchors and skipped cases; an unreadable or non-SM70 file refuses the run."""
     docs = [(Path(p), read_bench(p)) for p in paths]
@@ -109,7 +116,7 @@ def movement(before: dict, after: dict, files: list[Path], skipped: list[dict]) 
             "median_user_residual": statistics.median(a["residual"] for a in user) if user else None}
 
 
-def render_calibration(result: dict, table) -> list[str]:
+def render_calibration(result: dict) -> list[str]:
     """The anchors' table (published and users') and, with user anchors, how the fit moved."""
     cal = result["calibration"]
     lines = ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "

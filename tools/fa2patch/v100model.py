@@ -83,8 +83,8 @@ class Calibration:
 
 @dataclass(frozen=True)
 class LoopMix:
-    """What one warp issues per iteration of a loop (dynamic counts: inner loops times their
-    trip counts). ``load_use_gaps``: for each round of global loads whose results the same
+    """What one warp issues per iteration of a loop (every instruction once, both sides of a
+    branch). ``load_use_gaps``: for each round of global loads whose results the same
     iteration uses, the warp's instructions between the round's first load and the first use.
     ``critical_cycles``: one iteration of a CTA whose ``critical_warps`` warps per sub-partition
     run in phase, timed from the SASS (phases.lockstep_cycles); 0 where the SASS is not known.
@@ -170,6 +170,24 @@ class KernelLaunch:
 
     def kinds(self) -> list[CtaKind]:
         return [CtaKind(self.loop, self.iterations, self.epilogue, self.prologue_load_rounds), *self.more]
+
+
+def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
+    """CTAs per SM of a kernel with ``registers`` per thread, ``shared`` bytes per CTA (static and
+    dynamic) and ``threads`` per CTA: the fewest that registers, shared memory, warps and the CTA
+    limit allow, and which of them binds."""
+    warps = -(-threads // 32)
+    unit = v100["register_alloc_unit_per_warp"]
+    regs_per_warp = -(-registers * 32 // unit) * unit
+    limits = {
+        "registers": v100["registers_per_sm"] // (regs_per_warp * warps) if registers else v100["max_blocks_per_sm"],
+        "shared_memory": v100["shared_memory_per_sm"] // shared if shared else v100["max_blocks_per_sm"],
+        "warps": v100["max_warps_per_sm"] // warps,
+        "blocks": v100["max_blocks_per_sm"],
+    }
+    blocks = min(limits.values())
+    return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps, "limited_by": min(limits, key=limits.get),
+            "threads_per_block": threads, "shared_bytes": shared}
 
 
 def binding(cycles: dict[str, float]) -> str:
@@ -368,11 +386,3 @@ def mix_from_data(d: dict) -> LoopMix:
                    shared_bytes=total, fp32=d.get("fp32", 0), mufu=d.get("mufu", 0),
                    load_use_gaps=tuple(d.get("load_use_gaps", ())), shuffles=d.get("shuffles", d.get("shfl", 0)),
                    critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
-
-
-def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dict] = ()) -> dict:
-    """The fitted parameters, every anchor's residual and leave-one-out residual, and the range
-    rule (calibration.calibrate; ``user``: users' anchors)."""
-    from .calibration import calibrate as fit
-
-    return fit(v100, data, user)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import sass, toolchain
-from .digest import sha256_file
 from .errors import CheckFailed, EnvironmentProblem, mismatch
+from .extension import launches_of, load_manifest, manifest_path, python_json
 
 SCHEMA_PROBE = r"""
 import ctypes, importlib.machinery, importlib.util, json, sys, torch
@@ -66,20 +66,6 @@ class Row:
     numbers: dict | None = None
 
 
-def load_manifest(build_dir: Path) -> tuple[dict, Path]:
-    mpath = build_dir / "manifest.json"
-    if not mpath.is_file():
-        raise EnvironmentProblem(f"{mpath}: no build here (run fa2patch build)")
-    manifest = json.loads(mpath.read_text())
-    artifact = build_dir / manifest["artifact"]["file"]
-    if not artifact.is_file():
-        raise CheckFailed(f"{artifact}: listed in {mpath} but missing")
-    actual = sha256_file(artifact)
-    if actual != manifest["artifact"]["sha256"]:
-        raise CheckFailed(mismatch("sha256", str(artifact), manifest["artifact"]["sha256"], actual))
-    return manifest, artifact
-
-
 def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
     if not path.is_file():
         raise EnvironmentProblem(f"{path}: expected-schema file not found")
@@ -94,18 +80,8 @@ def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.execut
     torch version; {"error": ...} if it does not load. ``preload``: shared libraries loaded first
     (a check-only build's CUDA runtime)."""
     ns, expected = load_expected_schemas(schemas_path)
-    proc = subprocess.run([python, "-c", SCHEMA_PROBE, str(artifact), ns, json.dumps(expected),
-                           json.dumps(list(preload))], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"error": proc.stderr.strip()[-2000:]}
-    return {"namespace": ns, **json.loads(proc.stdout.strip().splitlines()[-1])}
-
-
-def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
-    """{demangled-name glob: (threads per block, dynamic shared bytes)} from build_info(), whose
-    kernel entries are parts of demangled names."""
-    return {sass.name_part_glob(k["kernel"]): (k["threads"], k["dynamic_smem"])
-            for k in build_info.get("kernels", [])}
+    got = python_json(SCHEMA_PROBE, str(artifact), ns, json.dumps(expected), json.dumps(list(preload)), python=python)
+    return got if "error" in got else {"namespace": ns, **got}
 
 
 def check_load(artifact: Path, manifest: dict, python: str, got: dict) -> list[Row]:
@@ -177,15 +153,15 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
     default, overrides = load_budgets(budgets_path)
     arch = manifest["arch"]
     resources = [r for r in sass.parse_resource_usage(
-        sass.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
-    functions = {f.name: f for f in sass.parse_sass(sass.cuobjdump(tool, ["-sass"], artifact))
+        toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
+    functions = {f.name: f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact))
                  if f.arch == arch}
     # Without the build's ptxas -v log (an artifact built elsewhere, e.g. by CMake), spills are
     # bounded by the binary's stack frame: spilled registers live there, so 0 proves none.
     from_log = manifest.get("ptxas_kernels") is not None
     ptxas = {k["name"]: k for k in manifest["ptxas_kernels"] or []}
     names = sorted({r.name for r in resources} | set(ptxas))
-    pretty = sass.demangle(names)
+    pretty = toolchain.demangle(names)
     patterns = manifest["tensor_core_kernels"]
     rows = []
     by_name = {r.name: r for r in resources}
@@ -317,7 +293,7 @@ def verify(build_dir: Path, schemas_path: Path, budgets_path: Path, python: str 
     manifest, artifact = load_manifest(build_dir)
     python = python or manifest.get("torch", {}).get("python") or sys.executable
     if not Path(python).exists():
-        raise EnvironmentProblem(f"{build_dir / 'manifest.json'}: built for the torch of {python}, "
+        raise EnvironmentProblem(f"{manifest_path(build_dir)}: built for the torch of {python}, "
                                  "which no longer exists (pass --python)")
     return manifest, verify_artifact(artifact, manifest, schemas_path, budgets_path, python,
                                      machine_folders(build_dir, *folders, python=python))
@@ -329,16 +305,3 @@ def verify_artifact(artifact: Path, manifest: dict, schemas_path: Path, budgets_
     return (check_hygiene(artifact, folders) + check_load(artifact, manifest, python, got)
             + check_schemas(artifact, schemas_path, got)
             + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {}))))
-
-
-def artifact_manifest(artifact: Path, tree: Path, arch: str) -> dict:
-    """What verify needs to know about an extension built without ``fa2patch build`` (for example
-    by the CMake of ``fa2patch package --vllm-src``): the arch and the tensor-core kernel globs
-    come from the tree's build description; there is no ptxas log."""
-    from .build import BuildDescription
-
-    if not artifact.is_file():
-        raise EnvironmentProblem(f"{artifact}: no such file")
-    spec = BuildDescription.load(tree).arch(arch)
-    return {"arch": arch, "lab": spec.lab, "tensor_core_kernels": spec.tensor_core_kernels,
-            "ptxas_kernels": None, "artifact": {"file": str(artifact), "sha256": sha256_file(artifact)}}

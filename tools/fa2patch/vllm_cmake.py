@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import extension
 from .errors import CheckFailed, EnvironmentProblem
 
 FA_CMAKE = "cmake/external_projects/vllm_flash_attn.cmake"
@@ -257,9 +258,9 @@ def check_nvcc_commands(cmds: list[list[str]], tree: Path, arch: str) -> list[st
 def lab_manifest(run: Run, arch: str, cmds: list[list[str]], seconds: float) -> dict:
     """A build/<arch>/manifest.json for the extension vLLM's CMake built and installed, so that
     `fa2patch verify/smoke` and tests/gpu run against it (no ptxas log: spills from stack frames)."""
-    from . import toolchain, verify
+    from . import build, toolchain
 
-    manifest = verify.artifact_manifest(run.installed, run.tree, arch)
+    manifest = build.artifact_manifest(run.installed, run.tree, arch)
     torch = toolchain.torch_info(run.python)
     nvcc = toolchain.find_nvcc() if run.compiler == "nvcc" else run.clang
     tree_record = json.loads((run.tree / "fa2patch-vllm-src.json").read_text())
@@ -358,10 +359,10 @@ def main(argv=None) -> int:
         result["installed"] = str(installed)
         if args.lab_build_dir:
             args.lab_build_dir.mkdir(parents=True, exist_ok=True)
-            (args.lab_build_dir / "manifest.json").unlink(missing_ok=True)
+            extension.clear_manifest(args.lab_build_dir)
             shutil.copy(installed, args.lab_build_dir / installed.name)
             manifest = lab_manifest(run, args.arch, cmds, time.monotonic() - start)
-            (args.lab_build_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            extension.write_manifest(args.lab_build_dir, manifest)
             result["lab_build_dir"] = str(args.lab_build_dir)
     result["seconds"] = round(time.monotonic() - start, 1)
     text = json.dumps(result, indent=1)

@@ -1,0 +1,11 @@
+"""The SM70 routes' names, as build_info(), route_stats() and routing profiles spell them: the one
+place they are written in Python (the extension's C++ writes them once, in route_names.h; a test
+checks that both say the same)."""
+
+# The exact route (patch 0002): FA2's forward on Volta tensor cores, through varlen_fwd / fwd_kvcache.
+EXACT = "sm70-dense"
+# The exact route with split-KV (patch 0004): a route_stats() and report name; a routing profile's
+# decision names it as EXACT with "splits".
+SPLITKV = "sm70-dense-splitkv"
+# The long-prefill route (patch 0003): gqa_prefill_fwd, and varlen_fwd where routing picks it.
+GQA = "sm70-gqa-prefill"
