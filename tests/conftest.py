@@ -86,10 +86,8 @@ def built_sm70(real_project, real_workspace) -> Path:
 def vllm_src(real_project, tmp_path_factory):
     """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
     code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
-            "from fa2patch.package import extract_vllm_sources; "
-            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
-            "('CMakeLists.txt', 'cmake/utils.cmake', 'cmake/external_projects/vllm_flash_attn.cmake', "
-            "'tests/kernels/attention/test_flash_attn.py')))")
+            "from fa2patch.package import extract_vllm_sources; from fa2patch.labtools import VLLM_LAB_FILES; "
+            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), VLLM_LAB_FILES))")
     dest = tmp_path_factory.mktemp("vllm")
     out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
                          capture_output=True, text=True, check=True).stdout
