@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Lines per C++/CUDA function in the files the patch series adds (issue 18: none over 120).
 
 Usage: python ci/function_lengths.py [TREE] [--max N] [--top K]

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The GPU lab run (H200, nvcc 13, no network): replay from the carried sdist, build the sm_90
 # lab variant with nvcc, verify it, smoke it and run tests/gpu. Carry `.lab/` with the sdist
 # and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit; nvidia-ml-py

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # compute-sanitizer memcheck and racecheck of every SM70 kernel family on small shapes, and of
 # the GPU suite's bad inputs marked for it (which must be rejected before any SM70 kernel runs),
 # on the lab machine; tests/gpu/sanitize_cases.py lists the cases.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # vLLM's own FA2 kernel test on the GPU lab, through vLLM's real flash_attn_interface.py.
 #
 #   bash ci/gpu-vllm.sh prepare     here, with network: writes .lab/vllm-src.tar.gz (the tested

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Shared test helpers: small archives, the mini project, toolchain requirement."""
 
 import hashlib

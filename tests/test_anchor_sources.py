@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Every calibration anchor and every measured V100 parameter names its publication (repository,
 path, 40-hex commit) and quotes it verbatim; the quote contains the recorded number as the
 publication prints it (value and unit), and every anchor states its clock and how that clock is known.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """bench: argument handling, FLOP counting, numerics verdicts and the table, on the CPU."""
 
 import pytest

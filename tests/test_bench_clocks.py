@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """bench's record of the card: NVML sampling with a fake NVML module, throttle decoding, summary
 statistics, the Markdown summary and report's estimate beside each time (CPU only)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The build description's named source groups and the ptxas numbers a build reports, on small trees."""
 
 import textwrap

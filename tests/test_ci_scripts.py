@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The lab scripts on the CPU: ci/gpu-lab.sh fails when a step fails, ci/gpu-sanitize.sh runs
 the GPU suite's own bad-input cases and judges each run (a stand-in compute-sanitizer), and the
 scripts hand their decisions to fa2patch.labtools (tests/test_labtools.py tests those)."""

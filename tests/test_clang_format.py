@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The C++/CUDA files the patch series adds follow the repository's .clang-format (issue 18): each
 is checked with clang-format --dry-run --Werror (Debian's clang-format-<clang pin>, which
 ci/install.sh installs) in the replayed workspace. FA2's own files are not checked."""

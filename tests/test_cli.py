@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CLI behaviour: help, JSON, exit codes and error messages for bad input."""
 
 import json

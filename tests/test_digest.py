@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import os
 
 from helpers import MINI_FILES, reference_digest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """doctor: every tool against the lock's pins; a missing required one fails (exit 2), a missing
 optional one only warns. build refuses the same pins."""
 

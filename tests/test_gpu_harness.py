@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The GPU numerics harness itself, on the CPU: through an exact stand-in op it must pass;
 through a slightly wrong op it must fail (so the GPU suite can fail)."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """baseline.lock is checked field by field: a changed value in any field fails replay, check,
 doctor or build with a message naming the lock, the field, and the expected and actual values."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """docs/DESIGN.md §8: nothing in the series may end a serving process. The patch series adds no call
 to exit/abort/terminate (or a device trap/assert), and the built extension imports none of the C
 library's process-ending functions, so no FA2 function our code reaches (e.g. FA2's CHECK_CUDA in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The peer vLLM runs on a V100 (TRITON_ATTN): its recorded sm_70 data, the launches rebuilt from
 it, and the main-loop finder that reads a kernel without tensor cores. CPU only; the
 re-derivation from vLLM's sources runs where FA2PATCH_PEER_PYTHON names a Python with vLLM's

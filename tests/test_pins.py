@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The toolchain pins have one home, baseline.lock: the install script reads them from there."""
 
 import re

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill GPU harness (tests/gpu/prefill_cases.py) on the CPU: an exact stand-in for
 gqa_prefill_fwd passes it, a slightly wrong one fails it, and its adversarial inputs and vLLM
 cache views are what they claim to be."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The real baseline and this repository's patch series: replay, round trip, build, verify."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The FP32 reference against a per-query loop written from the definitions in its docstring."""
 
 import math

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """replay/export/check on a small baseline: determinism, round trip, tampering, atomicity."""
 
 import hashlib

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report --shapes for the sm70-gqa-prefill route on the CPU: its launch sequence and HBM traffic
 walked by hand for a small shape, launches that mix two kinds of CTA, and the geometry checks."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The V100 cycle model (v100model) term by term, with cycles computed by hand, and its
 calibration against the published anchors (data/anchors.toml, calibration.py)."""
 

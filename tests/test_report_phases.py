@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """phases: one CTA's iteration timed from the SASS, on small synthetic loops whose cycles follow by
 hand from data/v100.toml's rates and latencies: the serial phase between barriers (a), SHFL on the
 shared-memory pipe (b), dependent HMMA chains (c), and loads waited for."""

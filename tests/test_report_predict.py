@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report --shapes on the CPU: the sm70-dense route's grid from build_info()'s geometry, decode
 splits, and the bound/model/calibrated arithmetic, against independent walks and hand counts."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report on kernels compiled here for sm_70 (known HMMA forms and loops) and on the real build."""
 
 import json

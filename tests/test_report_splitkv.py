@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report's split-KV model of the exact route (exact_route.py) on the CPU: the grid against a
 literal walk of the kernel's rule, the partial-buffer bytes and the combine kernel by hand, a
 whole split route timed by hand, and the verdicts against the unsplit exact route and the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Routing profiles in the built extension, without a GPU (patch 0004; issue 17 item 5): the strict
 JSON reader against Python's json module, SHA-256 against hashlib on real files (the extension
 file included, found by the extension itself), and the profile check against the format (the

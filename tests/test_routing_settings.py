@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Patch 0004's settings, read by the built extension without a GPU: route_stats() reports the
 long-prefill range and switches in force; the rollback variable accepts unset/"0"/"1" only and the
 workspace cap a positive number of MiB, and anything else is a ValueError naming the variable."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The patch file format: the diffstat computed from the diff, against hand counts."""
 
 import pytest

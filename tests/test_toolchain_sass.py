@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The sm_70 toolchain and the SASS reader, on tiny kernels built here with known answers."""
 
 import subprocess

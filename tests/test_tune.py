@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune` on the CPU: config parsing, vLLM's tensor-parallel head split, the chunk plan
 and grid, decisions merged from a synthetic measured table (expected ranges written by hand), the
 profile validator against good files and every refusal case of the spec, route forcing with a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`report --anchors`: users' bench files as calibration anchors (user_anchors.py), on the CPU with
 synthetic kernel rows: the fit recovers known parameters from anchors that are the model's own
 times at them, a residual checked by hand, the measured clock, and the refusals."""

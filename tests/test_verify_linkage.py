@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Artifact hygiene (verify): each defect, built into a small shared object, fails its own row
 and only that row; a clean object passes every row."""
 

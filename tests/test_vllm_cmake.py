@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """fa2patch.vllm_cmake: vLLM's own CMake around the --vllm-src tree (the GPU lab's LAB_VLLM_CMAKE=1).
 
 - The nvcc driver is vLLM 0.33.0's own top-level text (fetched, never copied here), cut to the FA2

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch doctor --vllm PYTHON` against three environments:
 
 - the real vLLM release from the package index (packaging/vllm-release.toml), installed with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Packaging for vLLM, against the real source files of the tested vLLM release
 (packaging/vllm-release.toml, fetched through the package index; never copied here).
 

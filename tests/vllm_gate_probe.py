@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Ask vLLM's real gate functions whether FlashAttention-2 is usable, in a process that looks
 like a vLLM process on a GPU of a given compute capability (run by tests/test_vllm_packaging.py).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run vLLM's real Python sources without vLLM's dependencies or compiled extensions.
 
 Used where vLLM cannot be installed: the CPU gate test (tests/vllm_gate_probe.py, no GPU, no

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """pytest set-up for vLLM's FA2 kernel test on the GPU lab. ci/gpu-vllm.sh copies this folder,
 tests/vllm_stubs.py and vLLM's own tests/kernels/attention/test_flash_attn.py into one run folder.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """vLLM's KV-cache layout through vLLM's interface. vLLM keeps one cache tensor per layer,
 (num_blocks, num_kv_heads, block_size, 2 * head_size), and hands FA2 the views its
 FlashAttentionImpl.forward makes (vllm/v1/attention/backends/flash_attn.py):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Add / refresh the SASS-timed fields of tools/fa2patch/data/anchors.toml for the kernels compiled
 from the anchors' open source (their SASS in the scratch folder: /work/scratch/{splitd,prefill};
 how they were compiled: each kernel's mix_source): [kernel.loop] critical_cycles / critical_warps

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Where the long-prefill route's range separates from the exact route's (issue 15 item 5).
 
 Reads `fa2patch report --json` outputs (one per SM count) for shapes that the long-prefill op

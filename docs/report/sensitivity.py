@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Sensitivity of the anchors' fit and of a few estimates to model parameters (docs/report-model.md,
 "What the anchors do and do not pin"). Needs the sm_70 build (build/sm_70) and the anchors' SASS in
 the scratch folder (/work/scratch/{splitd,prefill}). One JSON line per variant:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The split-KV table of docs/report-model.md (issue 17 item 4), from `fa2patch report --json`.
 
 Reads one report per SM count for the shapes of docs/report/splitkv-shapes.txt and prints, per

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Where the exact route with split-KV separates from the unsplit exact route (issue 17 item 4), and
 how a rule on host-side call properties agrees with it.
 

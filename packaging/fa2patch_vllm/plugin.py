@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """vLLM general plugin (entry-point group ``vllm.general_plugins``): on compute capability 7.0,
 make vLLM use fa2patch's ``_vllm_fa2_C`` and lift the gates that refuse 7.0.
 

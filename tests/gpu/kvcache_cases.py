@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of ``_vllm_fa2_C.fwd_kvcache`` and print one JSON line.
 
     python tests/gpu/kvcache_cases.py <artifact.so> '<json spec>'

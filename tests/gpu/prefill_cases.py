@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of ``_vllm_fa2_C.gqa_prefill_fwd`` (the long-prefill route) and print one JSON line.
 
     python tests/gpu/prefill_cases.py <artifact.so> '<json spec>'

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of the long-prefill kernels' guards (the error-flag contract) and print one JSON line.
 
     python tests/gpu/prefill_guard_cases.py <artifact.so> '<json spec>'

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE routing scenario of ``_vllm_fa2_C.varlen_fwd`` (patch 0004) and print one JSON line.
 
     python tests/gpu/routing_cases.py <artifact.so> '<json>'

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The cases ci/gpu-sanitize.sh runs under compute-sanitizer, one line each:
 ``family|harness|spec`` (harness relative to the repository, spec as JSON).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE numerics case of ``_vllm_fa2_C.varlen_fwd`` and print one JSON line.
 
     python tests/gpu/sm70_cases.py <artifact.so> '<json spec>'

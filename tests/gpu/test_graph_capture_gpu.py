@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The SM70 route inside a CUDA graph, as vLLM captures decode: capture once, change the inputs
 in place (queries, keys per sequence, new k/v), replay, and compare with an eager call on the
 same inputs: bitwise equal outputs (and caches, for fwd_kvcache's append), finite.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill route, ``_vllm_fa2_C.gqa_prefill_fwd`` (patch 0003), against the numerics
 contract (DESIGN.md section 7): FA2's bar, relative L2 <= 1e-3 against FP32, finite, softmax_lse
 within 1e-3, bitwise determinism where asked; and typed errors for what it does not support.

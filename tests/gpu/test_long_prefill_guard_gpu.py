@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill kernels' guards (the error-flag contract, sm70/guard.h) on the GPU: a captured
 graph replayed with a corrupted block_table (the op cannot check it on the device during capture)
 never faults, stays finite, and gives the corrupted pages' keys no weight, against an FP32

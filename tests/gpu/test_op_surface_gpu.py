@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The op surface of patch 0001 on a real GPU: what the build declares, what the SM70 route
 accepts, and typed errors (no crash, nothing written) for what it refuses."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Routing inside varlen_fwd (patch 0004; docs/DESIGN.md §4, §8), with the SM70 kernels forced.
 
 Each scenario runs ``routing_cases.py`` in its own subprocess (sm70_cases.py's inputs, FP32

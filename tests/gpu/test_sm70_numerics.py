@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The numerics contract of the SM70 route (docs/DESIGN.md §7), on any GPU.
 
 Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=1 (a crash or a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune` on a GPU (the lab: H200 with the SM70 kernels forced; skipped without a GPU).
 
 A tiny grid (6/1 heads of 256, chunks of 1024, prompts up to 4096) writes a profile that
