@@ -50,7 +50,9 @@ def check_file(path: Path) -> str | None:
         return f"{path}: cannot read: {exc}"
     found = licence_in(lines, comment_of(str(path)) or "#")
     if found is None:
-        return f"{path}: no '{comment_of(str(path))} SPDX-License-Identifier: {LICENSE}' in its first {HEAD_LINES} lines"
+        return (
+            f"{path}: no '{comment_of(str(path))} SPDX-License-Identifier: {LICENSE}' in its first {HEAD_LINES} lines"
+        )
     if found != LICENSE:
         return f"{path}: SPDX-License-Identifier {found}, expected {LICENSE}"
     return None
@@ -79,8 +81,10 @@ def check_patch(path: Path) -> list[str]:
             continue
         found = licence_in(head, marker)
         if found != LICENSE:
-            problems.append(f"{path}: adds {name} without '{comment_of(name)} SPDX-License-Identifier: {LICENSE}' "
-                            f"in its first {HEAD_LINES} lines" + (f" (found {found})" if found else ""))
+            problems.append(
+                f"{path}: adds {name} without '{comment_of(name)} SPDX-License-Identifier: {LICENSE}' "
+                f"in its first {HEAD_LINES} lines" + (f" (found {found})" if found else "")
+            )
     return problems
 
 
@@ -103,17 +107,19 @@ def problems_in(paths: list[str]) -> list[str]:
     return problems
 
 
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], capture_output=True, text=True, check=True).stdout
+    return [p for p in out.split("\0") if p]
+
+
 def main(argv: list[str]) -> int:
     add = "--add" in argv
-    tracked = lambda: subprocess.run(["git", "ls-files", "-z"], capture_output=True, text=True, check=True).stdout
-    paths = [a for a in argv[1:] if a != "--add"] or [p for p in tracked().split("\0") if p]
-    if add:
-        for name in paths:
-            path = Path(name)
-            marker = comment_of(name)
-            if path.suffix != ".patch" and marker and path.is_file():
-                if licence_in(path.read_text(errors="replace").splitlines(), marker) is None:
-                    add_line(path)
+    paths = [a for a in argv[1:] if a != "--add"] or tracked_files()
+    for name in paths if add else []:
+        path, marker = Path(name), comment_of(name)
+        source = marker and path.suffix != ".patch" and path.is_file()
+        if source and licence_in(path.read_text(errors="replace").splitlines(), marker or "#") is None:
+            add_line(path)
     problems = problems_in(paths)
     for p in problems:
         print(p)

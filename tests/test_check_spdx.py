@@ -15,12 +15,21 @@ def check(*args, cwd=None):
 
 
 def test_source_files_need_the_line_in_their_head(tmp_path):
-    good = {"a.py": f"# {LINE}\n'''doc'''\n", "b.sh": f"#!/bin/sh\n# {LINE}\necho\n",
-            "c.toml": f"# {LINE}\nx = 1\n", "baseline.lock": f"# comment\n# {LINE}\nformat = 2\n",
-            "k.cuh": f"// {LINE}\n#pragma once\n", ".clang-format": f"# {LINE}\nBasedOnStyle: LLVM\n"}
+    good = {
+        "a.py": f"# {LINE}\n'''doc'''\n",
+        "b.sh": f"#!/bin/sh\n# {LINE}\necho\n",
+        "c.toml": f"# {LINE}\nx = 1\n",
+        "baseline.lock": f"# comment\n# {LINE}\nformat = 2\n",
+        "k.cuh": f"// {LINE}\n#pragma once\n",
+        ".clang-format": f"# {LINE}\nBasedOnStyle: LLVM\n",
+    }
     good["e.sh"] = f"#!/bin/sh\necho\n# {LINE}\n"  # third line: still in the head
-    bad = {"d.py": "'''doc'''\n", "f.toml": "\n" * 5 + f"# {LINE}\n", "g.yaml": "# SPDX-License-Identifier: MIT\n",
-           "h.h": f"# {LINE}\n"}
+    bad = {
+        "d.py": "'''doc'''\n",
+        "f.toml": "\n" * 5 + f"# {LINE}\n",
+        "g.yaml": "# SPDX-License-Identifier: MIT\n",
+        "h.h": f"# {LINE}\n",
+    }
     ignored = {"README.md": "no line\n", "data.json": "{}\n", "lab.log": "x\n"}
     for name, text in {**good, **bad, **ignored}.items():
         (tmp_path / name).write_text(text)

@@ -50,8 +50,15 @@ def fake_env(tmp_path, **extra) -> dict:
     for name, text in (("python3", FAKE_PYTHON), ("compute-sanitizer", FAKE_SANITIZER)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-            "REAL_PYTHON": sys.executable, "FAIL_STEP": "", "FAKE_CASES": "", **extra}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "REAL_PYTHON": sys.executable,
+        "FAIL_STEP": "",
+        "FAKE_CASES": "",
+        **extra,
+    }
 
 
 @pytest.mark.parametrize("fail_step, status", [(None, 0), ("smoke", 1), ("verify", 1)])
@@ -66,8 +73,11 @@ def test_gpu_lab_fails_when_a_step_fails(tmp_path, fail_step, status):
     assert fetch in proc.stdout
 
 
-CASES = ['gqa|tests/gpu/sm70_cases.py|{"d": 64}\n', 'window|tests/gpu/sm70_cases.py|{"dirty": 1, "d": 128}\n',
-         'kvcache|tests/gpu/kvcache_cases.py|{"cache": [0, 15]}\n']
+CASES = [
+    'gqa|tests/gpu/sm70_cases.py|{"d": 64}\n',
+    'window|tests/gpu/sm70_cases.py|{"dirty": 1, "d": 128}\n',
+    'kvcache|tests/gpu/kvcache_cases.py|{"cache": [0, 15]}\n',
+]
 
 
 def test_gpu_sanitize_runs_every_case_under_both_tools_and_judges_each(tmp_path):
@@ -80,9 +90,15 @@ def test_gpu_sanitize_runs_every_case_under_both_tools_and_judges_each(tmp_path)
     assert summary["families"] == {f: {"runs": 2, "clean": f != "window"} for f in ("gqa", "window", "kvcache")}
     runs = {(r["tool"], r["family"]): r for r in summary["runs"]}
     assert runs["memcheck", "window"]["verdict"] == "dirty" and runs["memcheck", "window"]["rc"] == 9
-    assert runs["racecheck", "kvcache"] == {"tool": "racecheck", "family": "kvcache", "harness": "kvcache_cases.py",
-                                            "spec": {"cache": [0, 15]}, "rc": 0, "verdict": "clean",
-                                            "summary": " ERROR SUMMARY: 0 errors"}
+    assert runs["racecheck", "kvcache"] == {
+        "tool": "racecheck",
+        "family": "kvcache",
+        "harness": "kvcache_cases.py",
+        "spec": {"cache": [0, 15]},
+        "rc": 0,
+        "verdict": "clean",
+        "summary": " ERROR SUMMARY: 0 errors",
+    }
     memcheck = (out / "sanitize-memcheck.log").read_text()
     racecheck = (out / "sanitize-racecheck.log").read_text()
     assert memcheck.count("fake memcheck op_only=0") == 3 and racecheck.count("fake racecheck op_only=1") == 3
@@ -108,8 +124,10 @@ def test_gpu_lab_sanitize_switch_merges_the_verdicts_into_the_gpu_summary(tmp_pa
     proc = subprocess.run(["bash", str(REPO / "ci" / "gpu-lab.sh")], capture_output=True, text=True, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the window case is dirty
     merged = json.loads((out / "gpu-summary.json").read_text())
-    assert merged == {"families": {"gqa": {"rel_l2": 1e-4}},
-                      "sanitizer": {"clean": False, "families": {"gqa": "clean", "window": "dirty", "kvcache": "clean"}}}
+    assert merged == {
+        "families": {"gqa": {"rel_l2": 1e-4}},
+        "sanitizer": {"clean": False, "families": {"gqa": "clean", "window": "dirty", "kvcache": "clean"}},
+    }
 
 
 def test_gpu_lab_vllm_cmake_switch_builds_through_vllms_cmake_and_verifies_the_installed_file(tmp_path):
@@ -121,11 +139,14 @@ def test_gpu_lab_vllm_cmake_switch_builds_through_vllms_cmake_and_verifies_the_i
     proc = subprocess.run(["bash", str(REPO / "ci" / "gpu-lab.sh")], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "build.log").read_text()
-    assert (f"fake vllm_cmake lab --workspace work/lab --vllm-archive .lab/vllm-src.tar.gz --work work/vllm-cmake "
-            f"--arch sm_90 --lab-build-dir build/sm_90 --python {bin_dir / 'python3'} --summary {out}/vllm-cmake.json"
-            ) in log
-    assert ("fake fa2patch verify --arch sm_90 --artifact work/vllm-cmake/install/vllm/vllm_flash_attn/"
-            "_vllm_fa2_C.abi3.so --workspace work/lab") in proc.stdout
+    assert (
+        f"fake vllm_cmake lab --workspace work/lab --vllm-archive .lab/vllm-src.tar.gz --work work/vllm-cmake "
+        f"--arch sm_90 --lab-build-dir build/sm_90 --python {bin_dir / 'python3'} --summary {out}/vllm-cmake.json"
+    ) in log
+    assert (
+        "fake fa2patch verify --arch sm_90 --artifact work/vllm-cmake/install/vllm/vllm_flash_attn/"
+        "_vllm_fa2_C.abi3.so --workspace work/lab"
+    ) in proc.stdout
     assert "fake fa2patch build" not in proc.stdout + log and "fake fa2patch smoke --arch sm_90" in proc.stdout
 
 
@@ -135,8 +156,9 @@ def test_sanitizer_bad_inputs_are_the_suites_own_cases():
         from test_sm70_numerics import BAD
     finally:
         sys.path.pop(0)
-    out = subprocess.run([sys.executable, str(REPO / "tests" / "gpu" / "sanitize_cases.py")], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "gpu" / "sanitize_cases.py")], capture_output=True, text=True, check=True
+    ).stdout
     rows = [line.split("|", 2) for line in out.splitlines()]
     bad = [(harness, json.loads(spec)) for family, harness, spec in rows if family == "bad_input"]
     suite = [(str(c.script.relative_to(REPO)), json.loads(json.dumps(c.spec))) for c in BAD if c.sanitize]

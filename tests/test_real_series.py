@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
 import tomllib
 
 from helpers import REPO
@@ -38,6 +39,7 @@ def test_sm70_build_writes_extension_and_manifest(built_sm70, real_project):
     artifact = built_sm70 / manifest["artifact"]["file"]
     assert artifact.name == "_vllm_fa2_C.abi3.so" and artifact.is_file()
     import hashlib
+
     assert manifest["artifact"]["sha256"] == hashlib.sha256(artifact.read_bytes()).hexdigest()
     assert manifest["source_tree_digest"] == lock["patches"][-1]["tree_digest"]
     assert manifest["source_matches_lock"] is True
@@ -59,8 +61,14 @@ def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
     assert result["ok"] and rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
     assert rows["gqa_prefill_fwd"]["ok"] and rows["gqa_prefill_workspace_bytes"]["ok"]
     # patch 0004's routing ops, split-KV and profile test hooks included
-    for name in ("route_stats", "_routing_prefill_splits_for_testing", "_routing_decide_for_testing",
-                 "_profile_check_for_testing", "_json_parse_for_testing", "_sha256_file_for_testing"):
+    for name in (
+        "route_stats",
+        "_routing_prefill_splits_for_testing",
+        "_routing_decide_for_testing",
+        "_profile_check_for_testing",
+        "_json_parse_for_testing",
+        "_sha256_file_for_testing",
+    ):
         assert rows[name]["ok"], rows.get(name)
 
 
@@ -123,8 +131,12 @@ except Exception as exc:
     raised = type(exc).__name__
 print(json.dumps({"info": info, "raised": raised}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["info"]["library"] == "_vllm_fa2_C"
     assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
@@ -136,8 +148,12 @@ def _prefill_workspace_bytes(sq, sk, hq, hk):
     up = lambda x, m: -(-x // m) * m  # noqa: E731
     rows = hk * up(hq // hk * sq, 128)
     block = min(max((768 << 20) // max(1, 2 * rows * 2) // 128 * 128, 256), 8192, max(128, up(sk, 128)))
-    return (2 * up(rows * block * 2, 256) + 2 * up(rows * (block // 128) * 4, 256) + up(rows * 1024, 256)
-            + up(rows * 8, 256))
+    return (
+        2 * up(rows * block * 2, 256)
+        + 2 * up(rows * (block // 128) * 4, 256)
+        + up(rows * 1024, 256)
+        + up(rows * 8, 256)
+    )
 
 
 def test_long_prefill_ops_on_a_gpu_less_machine(built_sm70):
@@ -148,7 +164,8 @@ def test_long_prefill_ops_on_a_gpu_less_machine(built_sm70):
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
 ops = torch.ops._vllm_fa2_C
-shapes = [(8000, 128000, 6, 1), (8000, 40000, 6, 1), (16384, 262144, 16, 1), (1024, 300, 8, 2), (1, 1, 1, 1), (5, 0, 4, 4)]
+shapes = [(8000, 128000, 6, 1), (8000, 40000, 6, 1), (16384, 262144, 16, 1), (1024, 300, 8, 2), (1, 1, 1, 1),
+          (5, 0, 4, 4)]
 sizes = [ops.gqa_prefill_workspace_bytes(*s) for s in shapes]
 errors = []
 for bad in [(100, 300, 17, 1), (100, 300, 6, 4), (-1, 300, 6, 1)]:
@@ -167,8 +184,12 @@ except Exception as exc:
 print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": raised,
                   "info": json.loads(ops.build_info())}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     r = json.loads(out.strip().splitlines()[-1])
     # 48,000 rows x (2 x 4,096 x 2 + 2 x 32 x 4 + 1,024 + 8) bytes, by hand: blocks of 4,096 keys
     assert r["sizes"][0] == 848_256_000
@@ -180,15 +201,25 @@ print(json.dumps({"shapes": shapes, "sizes": sizes, "errors": errors, "raised": 
     assert kernel["route"] == "sm70-gqa-prefill" and kernel["head_dim"] == 256 and kernel["warps"] == 4
     # Two CTAs per SM beside the static 1,408 bytes (tile maxima, row scales, bad-key marks).
     assert kernel["dynamic_smem"] <= 48 * 1024 - 1408
-    tiles = {t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"])
-             for t in kernel["tiles"]}
+    tiles = {
+        t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"]) for t in kernel["tiles"]
+    }
     assert tiles == {"qk": (128, 128, 32), "pv": (64, 32, 256)}
     # The block-size rule's constants, as _prefill_workspace_bytes writes them out.
     assert kernel["block_plan"] == {"min_block_keys": 256, "max_block_keys": 8192, "score_budget_bytes": 768 << 20}
 
 
-PLAN_SHAPES = [(8000, 40000, 6, 1), (8000, 128000, 6, 1), (1024, 16384, 4, 1), (256, 640, 2, 1), (777, 50001, 5, 1),
-               (3000, 9000, 16, 2), (1, 1, 1, 1), (5, 0, 4, 4), (2048, 2048, 8, 8)]
+PLAN_SHAPES = [
+    (8000, 40000, 6, 1),
+    (8000, 128000, 6, 1),
+    (1024, 16384, 4, 1),
+    (256, 640, 2, 1),
+    (777, 50001, 5, 1),
+    (3000, 9000, 16, 2),
+    (1, 1, 1, 1),
+    (5, 0, 4, 4),
+    (2048, 2048, 8, 8),
+]
 
 
 def test_long_prefill_plan_op_agrees_with_reports_walk(built_sm70):
@@ -208,19 +239,24 @@ print(json.dumps({"plans": [json.loads(ops.gqa_prefill_plan(*s)) for s in shapes
                   "sizes": [ops.gqa_prefill_workspace_bytes(*s) for s in shapes],
                   "info": json.loads(ops.build_info())}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so"), json.dumps(PLAN_SHAPES)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so"), json.dumps(PLAN_SHAPES)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     r = json.loads(out.strip().splitlines()[-1])
     geometry = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
-    for (q, kv, hq, hkv), op, size in zip(PLAN_SHAPES, r["plans"], r["sizes"]):
+    for (q, kv, hq, hkv), op, size in zip(PLAN_SHAPES, r["plans"], r["sizes"], strict=True):
         shape = Shape(q, kv, hq, hkv, geometry["head_dim"], True, 0.0625)
         plan = gqa_plan(shape, geometry)
-        assert {k: op[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")} == \
-            {k: plan[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")}, shape
+        assert {k: op[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")} == {
+            k: plan[k] for k in ("group", "rows", "rows_pad", "block_keys", "num_blocks")
+        }, shape
         assert op["workspace_bytes"] == size == _prefill_workspace_bytes(q, kv, hq, hkv)
         walked = gqa_steps(shape, plan)
         assert len(op["steps"]) == len(walked) == plan["num_blocks"] + 1, shape
-        for s, (step, python) in enumerate(zip(op["steps"], walked)):
+        for s, (step, python) in enumerate(zip(op["steps"], walked, strict=True)):
             ctas = [(kind, iterations) for kind, count, iterations in step["runs"] for _ in range(count)]
             assert ctas == [(c[0], c[1]) for c in python["ctas"]], (shape, s)
             assert step["ctas"] == len(ctas) == (step["pv"] or {}).get("ctas", 0) + (step["qk"] or {}).get("ctas", 0)
@@ -243,8 +279,7 @@ def test_build_is_reproducible_from_another_project_folder(built_sm70, real_proj
     shutil.copytree(real_project.root, other, ignore=shutil.ignore_patterns("work", "build"))
     env = {**real_project.env, "FA2PATCH_ROOT": str(other)}
     for args in (["replay"], ["build", "--arch", "sm_70"]):
-        subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True, capture_output=True)
     mine = json.loads((built_sm70 / "manifest.json").read_text())["artifact"]["sha256"]
     theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())["artifact"]["sha256"]
     assert theirs == mine
@@ -269,8 +304,11 @@ def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real
     from fa2patch.build import BuildDescription
 
     desc = BuildDescription.load(real_workspace)
-    ours = sorted(str(p.relative_to(real_workspace)) for p in (real_workspace / "csrc/flash_attn/fa2patch").rglob("*")
-                  if p.suffix in (".cu", ".cpp"))
+    ours = sorted(
+        str(p.relative_to(real_workspace))
+        for p in (real_workspace / "csrc/flash_attn/fa2patch").rglob("*")
+        if p.suffix in (".cu", ".cpp")
+    )
     built = desc.host_sources + desc.arch("sm_70").cuda_sources
     assert [f for f in ours if f not in built] == []
     assert desc.arch("sm_90").cuda_sources == desc.arch("sm_70").cuda_sources
@@ -286,7 +324,7 @@ def test_one_instantiation_file_per_cpp_head_dim_each_built(real_workspace):
     cuda = BuildDescription.load(real_workspace).arch("sm_70").cuda_sources
     files = {int(m.group(1)): f for f in cuda if (m := re.fullmatch(rf"{SM70_DIR}/flash_fwd_sm70_hdim(\d+)\.cu", f))}
     assert sorted(files) == head_dims
-    for d, f in files.items():   # each file instantiates the head dim its name says, and only that one
+    for d, f in files.items():  # each file instantiates the head dim its name says, and only that one
         text = (real_workspace / f).read_text()
         assert re.findall(r"run_flash_fwd_sm70<(\d+)>", text) == [str(d)]
 
@@ -303,16 +341,25 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
     helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fa2patch_sources")
     namespace = {"os": os}
     exec(compile(ast.Module([helper], []), "setup.py", "exec"), namespace)
-    extension = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "CUDAExtension"
-                     and any(k.arg == "name" and getattr(k.value, "value", "") == "flash_attn_2_cuda" for k in n.keywords))
+    extension = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", "") == "CUDAExtension"
+        and any(k.arg == "name" and getattr(k.value, "value", "") == "flash_attn_2_cuda" for k in n.keywords)
+    )
     sources_expr = next(k.value for k in extension.keywords if k.arg == "sources")
-    sources = eval(compile(ast.Expression(sources_expr), "setup.py", "eval"),
-                   {**namespace, "this_dir": str(real_workspace)})
+    sources = eval(
+        compile(ast.Expression(sources_expr), "setup.py", "eval"), {**namespace, "this_dir": str(real_workspace)}
+    )
     desc = BuildDescription.load(real_workspace)
     # setup.py builds FA2's pybind module, so not the torch library (vllm_ops.cpp) nor its Python
     # module entry point (python_module.cpp).
-    expected = [s for s in desc.host_sources if s.startswith("csrc/flash_attn/fa2patch/")
-                and not s.endswith(("/vllm_ops.cpp", "/python_module.cpp"))] + desc.arch("sm_70").cuda_sources
+    expected = [
+        s
+        for s in desc.host_sources
+        if s.startswith("csrc/flash_attn/fa2patch/") and not s.endswith(("/vllm_ops.cpp", "/python_module.cpp"))
+    ] + desc.arch("sm_70").cuda_sources
     assert [s for s in sources if "/fa2patch/" in s] == expected
     assert len(sources) == len(set(sources)) and all((real_workspace / s).is_file() for s in sources)
 
@@ -328,8 +375,11 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)
-    functions = [f for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
-                                                           artifact)) if f.arch == "sm_70"]
+    functions = [
+        f
+        for f in sass.parse_sass(sass.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], artifact))
+        if f.arch == "sm_70"
+    ]
     built = list(sass.demangle([f.name for f in functions]).values())
     listed = []
     for k in info["kernels"]:

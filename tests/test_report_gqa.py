@@ -18,11 +18,21 @@ CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.
 
 def gqa_geometry(min_keys=256, max_keys=8192, budget=768 << 20):
     """A build_info() entry of the long-prefill kernel as the extension declares it."""
-    return {"kernel": "sm70_gqa_prefill_kernel", "threads": 128, "dynamic_smem": 44032, "route": GQA_ROUTE,
-            "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4,
-            "tiles": [{"kind": "qk", "rows_per_cta": 128, "keys_per_iteration": 128, "head_dims_per_iteration": 32},
-                      {"kind": "pv", "rows_per_cta": 64, "keys_per_iteration": 32, "head_dims_per_iteration": 256}],
-            "block_plan": {"min_block_keys": min_keys, "max_block_keys": max_keys, "score_budget_bytes": budget}}
+    return {
+        "kernel": "sm70_gqa_prefill_kernel",
+        "threads": 128,
+        "dynamic_smem": 44032,
+        "route": GQA_ROUTE,
+        "head_dim": 256,
+        "rows_per_cta": 64,
+        "keys_per_iteration": 32,
+        "warps": 4,
+        "tiles": [
+            {"kind": "qk", "rows_per_cta": 128, "keys_per_iteration": 128, "head_dims_per_iteration": 32},
+            {"kind": "pv", "rows_per_cta": 64, "keys_per_iteration": 32, "head_dims_per_iteration": 256},
+        ],
+        "block_plan": {"min_block_keys": min_keys, "max_block_keys": max_keys, "score_budget_bytes": budget},
+    }
 
 
 def test_block_plan_matches_the_ops_workspace_rule():
@@ -88,7 +98,7 @@ def test_a_launch_with_two_kinds_of_cta():
     every 8.382812 cycles; 100 at the peak, for the bound); kind B: two CTAs of 5 iterations of 40
     issue cycles; one warp per scheduler, no latency, no epilogue. One slot: 314.36 + 200 + 200
     cycles; two SMs: the B CTAs queue behind each other on the slot that frees first: 400."""
-    a = LoopMix(hmma_f32_steps=50)           # 50 steps x 2 clocks
+    a = LoopMix(hmma_f32_steps=50)  # 50 steps x 2 clocks
     b = LoopMix(instructions=40)
     launch = KernelLaunch("k", a, (3,), 4, 1, prologue_load_rounds=0, more=(CtaKind(b, (5, 5), LoopMix(), 0),))
     one = estimate_launch(launch, Card(1, 1000), V100)
@@ -103,38 +113,59 @@ def test_a_launch_with_two_kinds_of_cta():
 
 def loop(mufu, hmma_steps=512, instructions=700):
     mix = {**vars(LoopMix()), "instructions": instructions, "hmma_f32_steps": hmma_steps, "mufu": mufu}
-    outside = {"instructions": 1000, "mix": {}, "load_rounds": 2,
-               "model_mix": {**vars(LoopMix()), "instructions": 1000, "load_use_gaps": ()}}
-    return {"mix": {"hmma": hmma_steps, "mufu": mufu}, "model_mix": mix, "binding": "tensor", "outside": outside,
-            "cycles": LoopMix(**mix).pipes(1, V100)}
+    outside = {
+        "instructions": 1000,
+        "mix": {},
+        "load_rounds": 2,
+        "model_mix": {**vars(LoopMix()), "instructions": 1000, "load_use_gaps": ()},
+    }
+    return {
+        "mix": {"hmma": hmma_steps, "mufu": mufu},
+        "model_mix": mix,
+        "binding": "tensor",
+        "outside": outside,
+        "cycles": LoopMix(**mix).pipes(1, V100),
+    }
 
 
 def test_route_estimate_and_ab_against_the_dense_route():
     """Both routes are predicted for an eligible shape, with the dense route's calibrated time
     over the long-prefill one; the long-prefill kernel's launches are one per step."""
-    dense_geo = {"kernel": "flash_fwd_sm70_kernel<256>", "threads": 128, "dynamic_smem": 1, "route": "sm70-dense",
-                 "head_dim": 256, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 4}
-    dense = {"kernel": "dense", "geometry": dense_geo, "occupancy": {"blocks_per_sm": 1},
-             "hot_loops": [loop(0)]}
-    gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
-           "hot_loops": [loop(16), loop(0)]}
+    dense_geo = {
+        "kernel": "flash_fwd_sm70_kernel<256>",
+        "threads": 128,
+        "dynamic_smem": 1,
+        "route": "sm70-dense",
+        "head_dim": 256,
+        "rows_per_cta": 64,
+        "keys_per_iteration": 32,
+        "warps": 4,
+    }
+    dense = {"kernel": "dense", "geometry": dense_geo, "occupancy": {"blocks_per_sm": 1}, "hot_loops": [loop(0)]}
+    gqa = {
+        "kernel": "gqa",
+        "geometry": gqa_geometry(),
+        "occupancy": {"blocks_per_sm": 2},
+        "hot_loops": [loop(16), loop(0)],
+    }
     shape = Shape(1024, 4096, 6, 1, 256, True, 0.0625)
-    d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT)   # locked below every duty clock
+    d, g = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, CAL, ARTIFACT)  # locked below every duty clock
     assert (d["route"], g["route"]) == ("sm70-dense", GQA_ROUTE)
     assert g["vs_dense"] == pytest.approx(d["calibrated_ms"] / g["calibrated_ms"])
     # Ranges of +-10%: separated only where one route is more than 1.1 / 0.9 = 1.22x faster.
-    expected = ("faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1
-                else "not separated")
+    expected = "faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1 else "not separated"
     assert g["vs_dense_verdict"] == expected
     assert g["calibrated_ms"] == pytest.approx(1.5 * g["model_ms"]) and g["bound_ms"] < g["model_ms"]
     launches, plan = gqa_launches(shape, gqa)
     assert len(launches) == plan["blocks"] + 1 == len(g["launches"])
     # Not eligible: non-causal, another head dim, a batch: the dense route alone.
-    for other in (Shape(1024, 4096, 6, 1, 256, False, 0.0625), Shape(1024, 4096, 6, 1, 128, True, 0.1),
-                  Shape(1024, 4096, 6, 1, 256, True, 0.0625, b=2)):
+    for other in (
+        Shape(1024, 4096, 6, 1, 256, False, 0.0625),
+        Shape(1024, 4096, 6, 1, 128, True, 0.1),
+        Shape(1024, 4096, 6, 1, 256, True, 0.0625, b=2),
+    ):
         kernels = [dense, gqa] if other.d == 256 else [{**dense, "geometry": {**dense_geo, "head_dim": 128}}, gqa]
-        assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] \
-            == ["sm70-dense"]
+        assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] == ["sm70-dense"]
 
 
 def test_gqa_geometry_is_checked():
@@ -158,17 +189,30 @@ def test_each_tile_is_charged_the_code_its_ctas_can_reach():
     def ins(addr, op, target=None, predicated=False):
         return sass.Instr(addr, op, target, "", predicated)
 
-    f = sass.SassFunction("k", "sm_70", [
-        ins(0x00, "S2R"), ins(0x10, "BRA", 0x70, True),
-        ins(0x20, "HMMA.884.F32.F32.STEP0"), ins(0x30, "BRA", 0x20, True),       # loop A
-        ins(0x40, "BRA", 0x60, True), ins(0x50, "FADD"), ins(0x60, "BRA", 0xc0),
-        ins(0x70, "HMMA.884.F32.F32.STEP0"), ins(0x80, "BRA", 0x70, True),       # loop B
-        ins(0x90, "FMUL"), ins(0xa0, "EXIT"), ins(0xb0, "FFMA"),                  # 0xb0: dead
-        ins(0xc0, "STG.E.SYS"), ins(0xd0, "EXIT")])
+    f = sass.SassFunction(
+        "k",
+        "sm_70",
+        [
+            ins(0x00, "S2R"),
+            ins(0x10, "BRA", 0x70, True),
+            ins(0x20, "HMMA.884.F32.F32.STEP0"),
+            ins(0x30, "BRA", 0x20, True),  # loop A
+            ins(0x40, "BRA", 0x60, True),
+            ins(0x50, "FADD"),
+            ins(0x60, "BRA", 0xC0),
+            ins(0x70, "HMMA.884.F32.F32.STEP0"),
+            ins(0x80, "BRA", 0x70, True),  # loop B
+            ins(0x90, "FMUL"),
+            ins(0xA0, "EXIT"),
+            ins(0xB0, "FFMA"),  # 0xb0: dead
+            ins(0xC0, "STG.E.SYS"),
+            ins(0xD0, "EXIT"),
+        ],
+    )
     loops = sorted(f.hot_loops(), key=lambda lp: lp.start)
     a, b = tile_code(f, loops)
-    assert [i.addr for i in a] == [0x00, 0x10, 0x40, 0x50, 0x60, 0xc0, 0xd0]
-    assert [i.addr for i in b] == [0x00, 0x10, 0x90, 0xa0]
+    assert [i.addr for i in a] == [0x00, 0x10, 0x40, 0x50, 0x60, 0xC0, 0xD0]
+    assert [i.addr for i in b] == [0x00, 0x10, 0x90, 0xA0]
     # Without a branch that separates the loops, the report refuses to guess.
     f.instrs[1] = ins(0x10, "BRA", 0x40, True)
     with pytest.raises(EnvironmentProblem, match="cannot tell the tiles' code apart"):

@@ -34,8 +34,12 @@ COLLECTED, CASES = [], []
 
 def describe(item) -> dict:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return {"test": item.originalname, "fa_version": params.get("fa_version"),
-            "q_dtype": str(params.get("q_dtype")), "dtype": str(params.get("dtype"))}
+    return {
+        "test": item.originalname,
+        "fa_version": params.get("fa_version"),
+        "q_dtype": str(params.get("q_dtype")),
+        "dtype": str(params.get("dtype")),
+    }
 
 
 def pytest_collection_finish(session):

@@ -27,8 +27,13 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_long_prefill_guard_replayed_graph_with_bad_pages(name, gpu_build):
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(gpu_build), json.dumps(CASES[name])],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(gpu_build), json.dumps(CASES[name])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["eager_rel_l2"] <= 1e-3, r

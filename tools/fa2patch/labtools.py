@@ -67,8 +67,15 @@ def sanitize_record(tool: str, case: str, rc: int, log: str) -> dict:
     if SANITIZER_INTERNAL_ERROR in log:
         verdict = "sanitizer-internal-error"
     summary = next((line for line in log.splitlines() if SANITIZER_SUMMARY_LINE.search(line)), "")
-    return {"tool": tool, "family": family, "harness": Path(harness).name, "spec": json.loads(spec), "rc": rc,
-            "verdict": verdict, "summary": summary.replace('"', "").replace("=", "")}
+    return {
+        "tool": tool,
+        "family": family,
+        "harness": Path(harness).name,
+        "spec": json.loads(spec),
+        "rc": rc,
+        "verdict": verdict,
+        "summary": summary.replace('"', "").replace("=", ""),
+    }
 
 
 def append_line(path: Path, record: dict) -> None:
@@ -95,8 +102,12 @@ def sanitize_summary(rows: list[dict]) -> dict:
 
 # The vLLM source files the lab needs beside its Python package (tests/conftest.py's vllm_src too):
 # its FA2 kernel test, and the CMake files LAB_VLLM_CMAKE=1 builds with.
-VLLM_LAB_FILES = ("tests/kernels/attention/test_flash_attn.py", "CMakeLists.txt", "cmake/utils.cmake",
-                  "cmake/external_projects/vllm_flash_attn.cmake")
+VLLM_LAB_FILES = (
+    "tests/kernels/attention/test_flash_attn.py",
+    "CMakeLists.txt",
+    "cmake/utils.cmake",
+    "cmake/external_projects/vllm_flash_attn.cmake",
+)
 # vLLM 0.33.0's test_varlen_with_paged_kv, FA2 with fp16 and no quantized query: 2 use_out x 2 seq_lens
 # x 2 num_heads x 5 head sizes x 2 sliding windows x 2 num_blocks.
 EXPECTED_FA2_FP16 = 2 * 2 * 2 * 5 * 2 * 2
@@ -128,8 +139,9 @@ def fp16_only(text: str, where: str) -> str:
 
 def fa2_cases(rows: list[dict]) -> list[dict]:
     """vLLM's FA2 cases without a quantized query."""
-    return [c for c in rows if c["test"] == "test_varlen_with_paged_kv" and c["fa_version"] == 2
-            and c["q_dtype"] == "None"]
+    return [
+        c for c in rows if c["test"] == "test_varlen_with_paged_kv" and c["fa_version"] == 2 and c["q_dtype"] == "None"
+    ]
 
 
 def view_cases(rows: list[dict]) -> list[dict]:
@@ -146,10 +158,15 @@ def collect_verdict(summary: dict) -> tuple[bool, str]:
     rows = summary["collected"]
     fa2 = [c for c in fa2_cases(rows) if c["dtype"] == "torch.float16"]
     views = view_cases(rows)
-    line = (f"[vllm] collected {len(rows)}: {len(fa2)} vLLM FA2 fp16 cases, {len(views)} KV-view cases; "
-            f"extension {summary['extension']}")
-    ok = ((len(fa2), len(views)) == (EXPECTED_FA2_FP16, EXPECTED_KV_VIEWS) and through_vllm(summary)
-          and bool(summary["fa2patch_ops"]))
+    line = (
+        f"[vllm] collected {len(rows)}: {len(fa2)} vLLM FA2 fp16 cases, {len(views)} KV-view cases; "
+        f"extension {summary['extension']}"
+    )
+    ok = (
+        (len(fa2), len(views)) == (EXPECTED_FA2_FP16, EXPECTED_KV_VIEWS)
+        and through_vllm(summary)
+        and bool(summary["fa2patch_ops"])
+    )
     return ok, line
 
 
@@ -162,11 +179,13 @@ def run_verdict(summary: dict, pytest_rc: int) -> dict[str, bool]:
         "vLLM's interface imported the extension from vllm/vllm_flash_attn/": through_vllm(summary),
         "the operators are fa2patch's (build_info)": summary["fa2patch_ops"],
         "SM70 kernels forced": summary["force_sm70"] == "1",
-        f"vLLM FA2 fp16 cases: {EXPECTED_FA2_FP16} passed (got {passed(fa2)} of {len(fa2)})":
-            len(fa2) == EXPECTED_FA2_FP16 and passed(fa2) == len(fa2)
-            and all(c["dtype"] == "torch.float16" for c in fa2),
-        f"KV-cache view cases: {EXPECTED_KV_VIEWS} passed (got {passed(views)} of {len(views)})":
-            len(views) == EXPECTED_KV_VIEWS and passed(views) == len(views),
+        f"vLLM FA2 fp16 cases: {EXPECTED_FA2_FP16} passed (got {passed(fa2)} of {len(fa2)})": len(fa2)
+        == EXPECTED_FA2_FP16
+        and passed(fa2) == len(fa2)
+        and all(c["dtype"] == "torch.float16" for c in fa2),
+        f"KV-cache view cases: {EXPECTED_KV_VIEWS} passed (got {passed(views)} of {len(views)})": len(views)
+        == EXPECTED_KV_VIEWS
+        and passed(views) == len(views),
         "no failure anywhere": pytest_rc == 0 and not [c for c in cases if c["outcome"] == "failed"],
     }
     return {k: bool(v) for k, v in checks.items()}
@@ -178,7 +197,8 @@ def gpu_arch() -> str | None:
 
     if not torch.cuda.is_available():
         return None
-    return "sm_%d%d" % torch.cuda.get_device_capability()
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
 
 
 # --- command line ---------------------------------------------------------------------------------
