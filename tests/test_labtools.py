@@ -205,7 +205,7 @@ def vllm_summary(rows, **over) -> dict:
     }
 
 
-# vLLM 0.33.0's FA2 fp16 cases and our KV-view cases, as docs/lab/final/README.md reports them.
+# vLLM 0.33.0's FA2 fp16 cases and our KV-view cases, as docs/lab/2026-12-01-series-0001-0004/README.md reports them.
 FA2, VIEWS = 160, 36
 
 
