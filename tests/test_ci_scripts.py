@@ -14,8 +14,9 @@ from helpers import REPO
 
 FAKE_PYTHON = """#!/bin/sh
 # Stands in for python3 in the lab scripts: `-m fa2patch STEP ...` fails for the step named in
-# $FAIL_STEP; fa2patch.labtools (the scripts' logic) runs in the real interpreter; the sanitizer's
-# case list is $FAKE_CASES; everything else succeeds without doing anything. All say what they were asked.
+# $FAIL_STEP; fa2patch.labtools (the scripts' logic) runs in the real interpreter, except its torch
+# banner; the sanitizer's case list is $FAKE_CASES; everything else succeeds without doing anything.
+# All say what they were asked.
 if [ "$1" = "-m" ] && [ "$2" = "fa2patch" ]; then
     shift 2
     echo "fake fa2patch $*"
@@ -23,6 +24,8 @@ if [ "$1" = "-m" ] && [ "$2" = "fa2patch" ]; then
 elif [ "$1" = "-m" ] && [ "$2" = "fa2patch.vllm_cmake" ]; then
     shift 2
     echo "fake vllm_cmake $*"
+elif [ "$1" = "-m" ] && [ "$2" = "fa2patch.labtools" ] && [ "$3" = "banner" ]; then
+    echo "fake banner"  # the real one imports torch: seconds per run for one line
 elif [ "$1" = "-m" ] && [ "$2" = "fa2patch.labtools" ]; then
     exec "$REAL_PYTHON" "$@"
 elif [ "$1" = "tests/gpu/sanitize_cases.py" ]; then
