@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Lines per C++/CUDA function in the files the patch series adds (issue 18: none over 120).
 
 Usage: python ci/function_lengths.py [TREE] [--max N] [--top K]
@@ -7,6 +8,7 @@ namespace or class scope whose head has a parameter list (lambdas and nested blo
 their function); its length runs from the first line of its head to its closing brace. Comments,
 strings and preprocessor lines are skipped when matching braces. Exit 1 if a function is over --max.
 """
+
 import re
 import sys
 from pathlib import Path
@@ -24,20 +26,27 @@ def strip(text: str) -> str:
         if text.startswith("//", i):
             j = text.find("\n", i)
             j = n if j < 0 else j
-            out.append(" " * (j - i)); i = j
+            out.append(" " * (j - i))
+            i = j
         elif text.startswith("/*", i):
-            j = text.find("*/", i + 2); j = n if j < 0 else j + 2
-            out.append(re.sub(r"[^\n]", " ", text[i:j])); i = j
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
         elif text.startswith('R"(', i):
-            j = text.find(')"', i + 3); j = n if j < 0 else j + 2
-            out.append(re.sub(r"[^\n]", " ", text[i:j])); i = j
+            j = text.find(')"', i + 3)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
         elif c in "\"'":
             j = i + 1
             while j < n and text[j] != c:
                 j += 2 if text[j] == "\\" else 1
-            out.append(" " * (j + 1 - i)); i = j + 1
+            out.append(" " * (j + 1 - i))
+            i = j + 1
         else:
-            out.append(c); i += 1
+            out.append(c)
+            i += 1
     lines = "".join(out).split("\n")
     return "\n".join(" " * len(line) if line.lstrip().startswith("#") else line for line in lines)
 
@@ -45,9 +54,9 @@ def strip(text: str) -> str:
 def functions(text: str):
     """(name, first line, last line) of each function body at namespace/class scope."""
     code = strip(text)
-    stack = []            # per open brace: "container" or "function" or "block"
-    head_start = 0        # offset where the current head (text since the last ; { }) begins
-    found = []
+    stack: list[tuple[str, int]] = []  # per open brace: "container" or "function" or "block", and where
+    head_start = 0  # offset where the current head (text since the last ; { }) begins
+    found: list[list] = []  # [name, first line, last line or None, stack depth]
     for i, c in enumerate(code):
         if c == "{":
             head = code[head_start:i]
@@ -62,7 +71,7 @@ def functions(text: str):
                 stack.append(("function", first))
                 found.append([name[0] if name else "?", code.count("\n", 0, first) + 1, None, len(stack)])
             else:
-                stack.append(("block", i))   # an initializer list or aggregate at namespace scope
+                stack.append(("block", i))  # an initializer list or aggregate at namespace scope
             head_start = i + 1
         elif c == "}":
             kind, _ = stack.pop() if stack else ("block", 0)

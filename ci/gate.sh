@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The patch-integrity gate (README command 1): install, fetch the pristine baseline, replay
 # the series from it into a fresh workspace, check the lock/patches/workspace agreement,
 # build _vllm_fa2_C for sm_70, verify its schemas, hygiene and kernel budgets, and package

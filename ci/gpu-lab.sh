@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # The GPU lab run (H200, nvcc 13, no network): replay from the carried sdist, build the sm_90
 # lab variant with nvcc, verify it, smoke it and run tests/gpu. Carry `.lab/` with the sdist
 # and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit; nvidia-ml-py
 # for bench's and tune's NVML samples):
 #   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit nvidia-ml-py
-#   cp ~/.cache/fa2patch/archives/flash_attn-2.8.3.tar.gz .lab/
+#   .venv/bin/fa2patch fetch && cp ~/.cache/fa2patch/archives/"$(.venv/bin/python -m fa2patch.labtools sdist-name)" .lab/
 # Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
 # tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), LAB_TEST_PATHS replaces tests/gpu
@@ -34,13 +35,15 @@ export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
 unset CXX CC
 export FA2PATCH_CACHE=${FA2PATCH_CACHE:-/tmp/fa2patch-cache} FA2PATCH_ROOT=$PWD
 f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
-sdist=(); [ -f .lab/flash_attn-2.8.3.tar.gz ] && sdist=(--sdist .lab/flash_attn-2.8.3.tar.gz)
-python3 -c 'import torch, sys; print("[lab] python", sys.version.split()[0], "torch", torch.__version__,
-    torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")'
+# The decisions (the sdist's name, the summaries) are tools/fa2patch/labtools.py's; this script orchestrates.
+lab() { python3 -m fa2patch.labtools "$@"; }
+lab banner
 status=0
 if [ "${LAB_REUSE_BUILD:-0}" = 1 ] && [ -f build/sm_90/manifest.json ]; then
     echo "[lab] reusing build/sm_90"
 else
+    name=$(lab sdist-name) || exit 2
+    sdist=(); [ -f ".lab/$name" ] && sdist=(--sdist ".lab/$name")
     f fetch "${sdist[@]}" || exit 2
     f replay --workspace work/lab --force || exit 1
     if [ "${LAB_VLLM_CMAKE:-0}" = 1 ]; then
@@ -67,13 +70,7 @@ if [ "${LAB_TESTS:-1}" = 1 ]; then
 fi
 if [ "${LAB_SANITIZE:-0}" = 1 ]; then
     OUT=$out bash ci/gpu-sanitize.sh || status=1
-    [ -f "$out/gpu-summary.json" ] && python3 - "$out/gpu-summary.json" "$out/sanitize-summary.json" <<'EOF'
-import json, sys
-summary, sanitize = (json.load(open(p)) for p in sys.argv[1:])
-summary["sanitizer"] = {"clean": sanitize["clean"],
-                        "families": {f: "clean" if v["clean"] else "dirty" for f, v in sanitize["families"].items()}}
-json.dump(summary, open(sys.argv[1], "w"), indent=1)
-EOF
+    [ -f "$out/gpu-summary.json" ] && lab merge-sanitizer "$out/gpu-summary.json" "$out/sanitize-summary.json"
 fi
 if [ "${LAB_BENCH:-0}" = 1 ]; then
     f bench --arch sm_90 ${LAB_BENCH_ARGS:-} --json-file "$out/bench.json" 2>&1 | tee "$out/bench.txt"

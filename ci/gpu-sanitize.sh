@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # compute-sanitizer memcheck and racecheck of every SM70 kernel family on small shapes, and of
 # the GPU suite's bad inputs marked for it (which must be rejected before any SM70 kernel runs),
 # on the lab machine; tests/gpu/sanitize_cases.py lists the cases.
@@ -13,30 +14,26 @@ export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH} FA2PATCH_FORCE_SM70=1
 so=build/sm_90/_vllm_fa2_C.abi3.so
 # family|harness|spec, one case a line: small shapes of every kernel family, and the GPU suite's
 # bad inputs that it marks for the sanitizer (tests/gpu/sanitize_cases.py).
+# The decisions (which cases, each run's verdict, the summary) are tools/fa2patch/labtools.py's.
+lab() { python3 -m fa2patch.labtools "$@"; }
 mapfile -t cases < <(python3 tests/gpu/sanitize_cases.py)
 [ ${#cases[@]} -gt 0 ] || { echo "[sanitize] tests/gpu/sanitize_cases.py listed no case" >&2; exit 2; }
-# SANITIZE_FAMILIES (an extended regex) keeps only the cases of matching families.
+# SANITIZE_FAMILIES (a Python regular expression) keeps only the cases of families it matches whole.
 if [ -n "${SANITIZE_FAMILIES:-}" ]; then
-  kept=(); for c in "${cases[@]}"; do [[ ${c%%|*} =~ ^(${SANITIZE_FAMILIES})$ ]] && kept+=("$c"); done; cases=("${kept[@]}")
+  mapfile -t cases < <(printf '%s\n' "${cases[@]}" | lab sanitize-filter "$SANITIZE_FAMILIES")
 fi
 results=$out/sanitize-results.jsonl
 : >"$results"
 run_one() {  # tool index
-  local tool=$1 i=$2 entry=${cases[$2]}
-  local family=${entry%%|*} rest=${entry#*|}
-  local harness=${rest%%|*} spec=${rest#*|}
+  local tool=$1 i=$2 harness spec
+  IFS='|' read -r _ harness spec <<<"${cases[$2]}"
   local log=$out/sanitize-$tool-$i.log
   # racecheck runs the op alone: on the H200 it fails inside later cuBLAS kernels of the
   # reference ("failed to handle a hardware exception"), which are not under test.
   local op_only=0; [ "$tool" = racecheck ] && op_only=1
   FA2PATCH_OP_ONLY=$op_only compute-sanitizer --tool "$tool" --error-exitcode 9 --kernel-name kns=sm70 \
       python3 "$harness" "$so" "$spec" >"$log" 2>&1
-  local rc=$?
-  local verdict=clean; [ $rc = 0 ] || verdict=dirty
-  grep -q "Internal Sanitizer Error" "$log" && verdict=sanitizer-internal-error
-  printf '{"tool": "%s", "family": "%s", "harness": "%s", "spec": %s, "rc": %d, "verdict": "%s", "summary": "%s"}\n' \
-      "$tool" "$family" "$(basename "$harness")" "$spec" "$rc" "$verdict" \
-      "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr -d '"=')" >>"$results"
+  lab sanitize-record --tool "$tool" --case "${cases[$2]}" --rc $? --log "$log" --out "$results"
 }
 jobs=${SANITIZE_JOBS:-4}
 for tool in memcheck racecheck; do
@@ -47,18 +44,4 @@ for tool in memcheck racecheck; do
 done
 wait
 for tool in memcheck racecheck; do cat "$out"/sanitize-$tool-*.log >"$out/sanitize-$tool.log"; rm -f "$out"/sanitize-$tool-*.log; done
-python3 - "$results" "$out/sanitize-summary.json" <<'EOF'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1])]
-families = {}
-for r in rows:
-    fam = families.setdefault(r["family"], {"runs": 0, "clean": True})
-    fam["runs"] += 1
-    fam["clean"] &= r["verdict"] == "clean"
-json.dump({"clean": all(r["verdict"] == "clean" for r in rows), "families": families, "runs": rows},
-          open(sys.argv[2], "w"), indent=1)
-print("[sanitize]", {f: v["clean"] for f, v in families.items()})
-EOF
-grep -c '"verdict": "clean"' "$results" | xargs echo "[sanitize] clean runs:"
-wc -l <"$results" | xargs echo "[sanitize] runs:"
-grep -q '"verdict": "clean"' "$results" && ! grep -qv '"verdict": "clean"' "$results"
+lab sanitize-summary "$results" "$out/sanitize-summary.json"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # torch 2.14.0 (vLLM 0.33's pin) in its own virtual environment, .venv-torch214/, from
 # ci/torch-2.14.txt with --no-deps: what CI's check-only build against it needs (ci/gate.sh) and
 # the doctor --vllm tests. Idempotent: a stamp holds the sha256 of the requirements file, and a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
 # Install everything fa2patch needs, from Debian's packages and the Python package index.
 # Idempotent: a second run installs nothing new. Creates the virtual environment .venv/.
 # The versions come from pyproject.toml's `build` extra and baseline.lock's [toolchain].

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import hashlib
 import json
 import subprocess
@@ -30,7 +31,8 @@ def mini(tmp_path) -> MiniProject:
     members += [file_member(f"mini-1.0/{p}", d, m) for p, (m, d) in MINI_FILES.items()]
     make_tar(archive, members)
     sha = hashlib.sha256(archive.read_bytes()).hexdigest()
-    (root / "baseline.lock").write_text(f'''# test lock
+    (root / "baseline.lock").write_text(
+        f'''# test lock
 format = 2
 
 [baseline]
@@ -43,7 +45,9 @@ top_dir = "mini-1.0"
 tree_digest = "{reference_digest(MINI_FILES)}"
 files = {len(MINI_FILES)}
 
-''' + toolchain_table())
+'''
+        + toolchain_table()
+    )
     return MiniProject(root, tmp_path / "cache", archive)
 
 
@@ -85,12 +89,18 @@ def built_sm70(real_project, real_workspace) -> Path:
 @pytest.fixture(scope="session")
 def vllm_src(real_project, tmp_path_factory):
     """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
-    code = ("import sys; from pathlib import Path; from fa2patch.project import Project; "
-            "from fa2patch.package import extract_vllm_sources; "
-            "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), "
-            "('CMakeLists.txt', 'cmake/utils.cmake', 'cmake/external_projects/vllm_flash_attn.cmake', "
-            "'tests/kernels/attention/test_flash_attn.py')))")
+    code = (
+        "import sys; from pathlib import Path; from fa2patch.project import Project; "
+        "from fa2patch.package import extract_vllm_sources; from fa2patch.labtools import VLLM_LAB_FILES; "
+        "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), VLLM_LAB_FILES))"
+    )
     dest = tmp_path_factory.mktemp("vllm")
-    out = subprocess.run([sys.executable, "-c", code, str(dest)], env=real_project.env, cwd=real_project.root,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(dest)],
+        env=real_project.env,
+        cwd=real_project.root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return Path(out.strip().splitlines()[-1])

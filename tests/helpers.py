@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Shared test helpers: small archives, the mini project, toolchain requirement."""
 
 import hashlib
@@ -16,8 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def reference_digest(files: dict[str, tuple[int, bytes]]) -> str:
     """The tree digest, recomputed here from its definition (not with fa2patch.digest)."""
-    lines = [f"{'100755' if mode & 0o111 else '100644'} {hashlib.sha256(data).hexdigest()} {p}\n"
-             for p, (mode, data) in sorted(files.items(), key=lambda kv: kv[0].encode())]
+    lines = [
+        f"{'100755' if mode & 0o111 else '100644'} {hashlib.sha256(data).hexdigest()} {p}\n"
+        for p, (mode, data) in sorted(files.items(), key=lambda kv: kv[0].encode())
+    ]
     return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
@@ -59,17 +62,25 @@ class MiniProject:
         return self.root / "work" / "flash-attn"
 
     def run(self, *args, check_rc: int | None = 0) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True,
-                              text=True, env=self.env, cwd=self.root)
+        proc = subprocess.run(
+            [sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True, env=self.env, cwd=self.root
+        )
         if check_rc is not None:
             assert proc.returncode == check_rc, (args, proc.returncode, proc.stdout, proc.stderr)
         return proc
 
     def git(self, *args, cwd=None) -> str:
-        env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "dev",
-               "GIT_AUTHOR_EMAIL": "dev@x", "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@x"}
-        return subprocess.run(["git", *args], cwd=cwd or self.workspace, env=env, check=True,
-                              capture_output=True, text=True).stdout
+        env = {
+            **os.environ,
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_AUTHOR_NAME": "dev",
+            "GIT_AUTHOR_EMAIL": "dev@x",
+            "GIT_COMMITTER_NAME": "dev",
+            "GIT_COMMITTER_EMAIL": "dev@x",
+        }
+        return subprocess.run(
+            ["git", *args], cwd=cwd or self.workspace, env=env, check=True, capture_output=True, text=True
+        ).stdout
 
 
 def locked_toolchain():
@@ -84,13 +95,17 @@ def require_toolchain():
     from fa2patch import toolchain
 
     pins = locked_toolchain()
-    missing = [n for n, ok in ((f"clang++-{pins.clang}", toolchain.find_clang(pins.clang)),
-                               ("fatbinary", toolchain.find_fatbinary()),
-                               ("nvidia-cuda-nvcc-cu12", toolchain.nvidia_wheel_dir("cuda_nvcc")),
-                               ("cuobjdump", toolchain.find_cuda12_binutil("cuobjdump"))) if not ok]
+    missing = [
+        n
+        for n, ok in (
+            (f"clang++-{pins.clang}", toolchain.find_clang(pins.clang)),
+            ("fatbinary", toolchain.find_fatbinary()),
+            ("nvidia-cuda-nvcc-cu12", toolchain.nvidia_wheel_dir("cuda_nvcc")),
+            ("cuobjdump", toolchain.find_cuda12_binutil("cuobjdump")),
+        )
+        if not ok
+    ]
     if missing:
         if os.environ.get("FA2PATCH_REQUIRE_TOOLCHAIN") == "1":
             pytest.fail(f"toolchain required but missing: {missing}")
         pytest.skip(f"sm_70 toolchain missing: {missing} (run the README's set-up command)")
-
-

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Every calibration anchor and every measured V100 parameter names its publication (repository,
 path, 40-hex commit) and quotes it verbatim; the quote contains the recorded number as the
 publication prints it (value and unit), and every anchor states its clock and how that clock is known.
@@ -5,11 +6,11 @@ The quotes themselves were checked against the files at those commits when recor
 (docs/anchor-sources.md); this test keeps the records self-consistent and complete."""
 
 import re
-import tomllib
 from decimal import Decimal
 from importlib import resources
 
 import pytest
+import tomllib
 
 BASES = {"published", "locked", "power-capped", "assumed"}
 HEX40 = re.compile(r"[0-9a-f]{40}")
@@ -17,8 +18,13 @@ REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 # A number as printed (digits, optional thousands separators, optional decimals), then an optional
 # closing backtick or space, then a unit.
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?`?\s?(ms|TF/s|TFLOP/s|cycles|MHz|-MHz)?")
-UNITS = {"measured_ms": {"ms"}, "measured_tflops": {"TF/s", "TFLOP/s"}, "excluded_ms": {None, "ms"},
-         "cycles": {"cycles"}, "mhz": {"MHz", "-MHz"}}
+UNITS = {
+    "measured_ms": {"ms"},
+    "measured_tflops": {"TF/s", "TFLOP/s"},
+    "excluded_ms": {None, "ms"},
+    "cycles": {"cycles"},
+    "mhz": {"MHz", "-MHz"},
+}
 
 
 def data(name: str) -> dict:
@@ -81,10 +87,12 @@ def clock_problems(where: str, clock) -> list[str]:
     elif clock.get("basis") == "assumed" and not clock.get("reason"):
         out.append(f"{where}: an assumed clock needs a reason")
     elif clock.get("basis") in ("locked", "published") and not any(
-            quotes_number(t, clock["mhz"], UNITS["mhz"]) for t in texts):
+        quotes_number(t, clock["mhz"], UNITS["mhz"]) for t in texts
+    ):
         out.append(f"{where}: no evidence quote prints {clock['mhz']} MHz")
     elif clock.get("basis") == "power-capped" and not all(
-            any(quotes_number(t, mhz, UNITS["mhz"] | {None}) for t in texts) for mhz in clock.get("sustained_mhz", [])):
+        any(quotes_number(t, mhz, UNITS["mhz"] | {None}) for t in texts) for mhz in clock.get("sustained_mhz", [])
+    ):
         out.append(f"{where}: the evidence does not print the sustained clock {clock.get('sustained_mhz')}")
     return out
 
@@ -97,8 +105,9 @@ def anchor_problems(a: dict, kernels: dict) -> list[str]:
     out = quote_problems(f"{where} source", a.get("source"), a[value_key], UNITS[value_key])
     out += clock_problems(where, a.get("clock"))
     if "excluded_ms" in a:
-        out += quote_problems(f"{where} excluded_source", a.get("excluded_source"), a["excluded_ms"],
-                              UNITS["excluded_ms"])
+        out += quote_problems(
+            f"{where} excluded_source", a.get("excluded_source"), a["excluded_ms"], UNITS["excluded_ms"]
+        )
     card_src = a.get("card_source")
     out += quote_problems(f"{where} card_source", card_src)
     if isinstance(card_src, dict) and not re.search(rf"\b{a['card']['sms']}[- ]SMs?\b", card_src.get("quote", "")):
@@ -125,11 +134,14 @@ def kernel_problems(k: dict) -> list[str]:
 def parameter_problems(name: str, entry: dict) -> list[str]:
     src = entry.get("source")
     if not isinstance(src, dict):
-        return []        # a whitepaper / model parameter: its source is a citation string
-    if "quoted_values" in entry:      # derived from published values, each of which the quote prints
+        return []  # a whitepaper / model parameter: its source is a citation string
+    if "quoted_values" in entry:  # derived from published values, each of which the quote prints
         out = quote_problems(f"v100 {name}", src)
-        return out + [f"v100 {name}: quote does not print {v}" for v in entry["quoted_values"]
-                      if not quotes_number(src.get("quote", ""), v, UNITS["mhz"] | {None})]
+        return out + [
+            f"v100 {name}: quote does not print {v}"
+            for v in entry["quoted_values"]
+            if not quotes_number(src.get("quote", ""), v, UNITS["mhz"] | {None})
+        ]
     units = UNITS["cycles"] if name.endswith("_cycles") else {None}
     return quote_problems(f"v100 {name}", src, entry["value"], units)
 
@@ -157,8 +169,13 @@ def test_every_measured_v100_parameter_quotes_its_value(name, entry):
 
 def test_the_measured_latencies_are_recorded_with_a_quote():
     measured = {n for n, e in data("v100.toml").items() if isinstance(e.get("source"), dict)}
-    assert {"dependent_ldg_l2_hit_cycles", "dependent_lds_cycles", "dependent_mma884_cycles",
-            "sts_lds_warpsync_roundtrip_cycles", "sustained_tensor_clock_mhz"} <= measured
+    assert {
+        "dependent_ldg_l2_hit_cycles",
+        "dependent_lds_cycles",
+        "dependent_mma884_cycles",
+        "sts_lds_warpsync_roundtrip_cycles",
+        "sustained_tensor_clock_mhz",
+    } <= measured
 
 
 @pytest.mark.parametrize("unused", ANCHORS.get("unused", []), ids=lambda u: u["name"])
@@ -170,6 +187,7 @@ def test_every_unused_measurement_says_why_and_quotes_one_of_its_values(unused):
 
 # --- The checks catch what they are for ----------------------------------------------------------
 
+
 def anchor(**change) -> dict:
     a = next(x for x in ANCHORS["anchor"] if x["name"] == "split-D Q=4096 KV=32K")
     return {**a, **change}
@@ -177,16 +195,19 @@ def anchor(**change) -> dict:
 
 def test_the_normaliser_reads_numbers_as_printed():
     assert printed_numbers("| 32K | 22.5864 ms | 21.0775 ms |") == [
-        (Decimal("32"), None), (Decimal("22.5864"), "ms"), (Decimal("21.0775"), "ms")]
+        (Decimal("32"), None),
+        (Decimal("22.5864"), "ms"),
+        (Decimal("21.0775"), "ms"),
+    ]
     assert quotes_number("measured `136.07628 -> 100.20284 ms` (`1.35801x`)", 100.20284, {"ms"})
     assert quotes_number("reached a best `83.45 TF/s` at", 83.45, {"TF/s"})
-    assert quotes_number("| 128K | 174.9729 ms | 103.8420 ms |", 103.842, {"ms"})     # trailing zero
+    assert quotes_number("| 128K | 174.9729 ms | 103.8420 ms |", 103.842, {"ms"})  # trailing zero
     assert quotes_number("the 40,000-key run took 5.0 ms", 40000, {None})
     assert quotes_number("the requested 1530-MHz clock", 1530, {"-MHz"})
     assert not quotes_number("| 1024 | 0.340 ms | 0.213 ms |", 0.2130001, {"ms"})
-    assert not quotes_number("| 8192 | 7.043 ms | 5.425 ms |", 5.43, {"ms"})           # rounded: not as printed
-    assert not quotes_number("took 22.5864 ms", 22.5864, {"cycles"})                  # wrong unit
-    assert not quotes_number("a 1024-row tile", 24, {None})                           # part of a number
+    assert not quotes_number("| 8192 | 7.043 ms | 5.425 ms |", 5.43, {"ms"})  # rounded: not as printed
+    assert not quotes_number("took 22.5864 ms", 22.5864, {"cycles"})  # wrong unit
+    assert not quotes_number("a 1024-row tile", 24, {None})  # part of a number
 
 
 def test_an_anchor_without_source_or_clock_is_caught():

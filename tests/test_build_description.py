@@ -1,5 +1,7 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The build description's named source groups and the ptxas numbers a build reports, on small trees."""
 
+import re
 import textwrap
 
 import pytest
@@ -17,8 +19,12 @@ def tree_with(tmp_path, toml: str):
     return tmp_path
 
 
-def description(host='["api.cpp", "@host"]', sm70='["@kernels"]', sm90='["@kernels", "lab_only.cu"]',
-                groups='host = ["hooks.cpp"]\nkernels = ["k32.cu", "k64.cu", "combine.cu"]'):
+def description(
+    host='["api.cpp", "@host"]',
+    sm70='["@kernels"]',
+    sm90='["@kernels", "lab_only.cu"]',
+    groups='host = ["hooks.cpp"]\nkernels = ["k32.cu", "k64.cu", "combine.cu"]',
+):
     return f"""
         [sources]
         {groups}
@@ -50,8 +56,9 @@ def test_an_unknown_group_is_named_with_the_known_ones(tmp_path):
 
 def test_a_group_cannot_include_a_group(tmp_path):
     with pytest.raises(CheckFailed, match=r"\[sources\] host lists @kernels"):
-        BuildDescription.load(tree_with(tmp_path, description(
-            groups='host = ["hooks.cpp", "@kernels"]\nkernels = ["k32.cu"]')))
+        BuildDescription.load(
+            tree_with(tmp_path, description(groups='host = ["hooks.cpp", "@kernels"]\nkernels = ["k32.cu"]'))
+        )
 
 
 def test_a_file_listed_twice_after_expansion_is_refused(tmp_path):
@@ -63,9 +70,15 @@ def test_a_file_listed_twice_after_expansion_is_refused(tmp_path):
 
 def test_a_group_file_missing_from_the_tree_is_refused_even_if_no_list_uses_it(tmp_path):
     """setup.py reads the groups directly, so every group must name real files."""
-    with pytest.raises(CheckFailed, match="lists gone.cu, which is not in the tree"):
-        BuildDescription.load(tree_with(tmp_path, description(
-            groups='host = ["hooks.cpp"]\nkernels = ["k32.cu", "k64.cu", "combine.cu"]\nunused = ["gone.cu"]')))
+    with pytest.raises(CheckFailed, match=re.escape("lists gone.cu, which is not in the tree")):
+        BuildDescription.load(
+            tree_with(
+                tmp_path,
+                description(
+                    groups='host = ["hooks.cpp"]\nkernels = ["k32.cu", "k64.cu", "combine.cu"]\nunused = ["gone.cu"]'
+                ),
+            )
+        )
 
 
 PTXAS_LOG = """\
@@ -80,9 +93,8 @@ def test_ptxas_numbers_come_only_from_the_listed_sources(tmp_path):
     """A log left by an object that the build description no longer lists is not this build's."""
     object_path(tmp_path, "k32.cu").parent.mkdir(parents=True)
     for src, name, regs in (("k32.cu", "_Z3k32v", 40), ("removed.cu", "_Z7removedv", 99)):
-        (tmp_path / "obj" / f"{object_path(tmp_path, src).name}.log").write_text(
-            PTXAS_LOG.format(name=name, regs=regs))
+        (tmp_path / "obj" / f"{object_path(tmp_path, src).name}.log").write_text(PTXAS_LOG.format(name=name, regs=regs))
     kernels = ptxas_kernels(tmp_path, ["k32.cu"])
     assert [(k["name"], k["registers"]) for k in kernels] == [("_Z3k32v", 40)]
-    with pytest.raises(BuildFailed, match="the ptxas -v output of k64.cu is missing"):
+    with pytest.raises(BuildFailed, match=re.escape("the ptxas -v output of k64.cu is missing")):
         ptxas_kernels(tmp_path, ["k32.cu", "k64.cu"])

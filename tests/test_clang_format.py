@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The C++/CUDA files the patch series adds follow the repository's .clang-format (issue 18): each
 is checked with clang-format --dry-run --Werror (Debian's clang-format-<clang pin>, which
 ci/install.sh installs) in the replayed workspace. FA2's own files are not checked."""
@@ -25,16 +26,22 @@ def clang_format() -> str:
 
 def added_sources(workspace) -> list[str]:
     """The C++/CUDA files that the series adds: added between the pristine import and HEAD."""
-    git = lambda *a: subprocess.run(["git", *a], cwd=workspace, capture_output=True, text=True,  # noqa: E731
-                                    check=True).stdout
+
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=workspace, capture_output=True, text=True, check=True).stdout
+
     pristine = git("rev-list", "--max-parents=0", "HEAD").strip()
     rows = [line.split("\t") for line in git("diff", "--name-status", pristine, "HEAD").splitlines()]
     return sorted(path for status, path in rows if status == "A" and path.endswith(SUFFIXES))
 
 
 def run_check(exe, workspace, files):
-    return subprocess.run([exe, "--dry-run", "--Werror", f"--style=file:{REPO / '.clang-format'}", *files],
-                          cwd=workspace, capture_output=True, text=True)
+    return subprocess.run(
+        [exe, "--dry-run", "--Werror", f"--style=file:{REPO / '.clang-format'}", *files],
+        cwd=workspace,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_added_sources_are_clang_formatted(real_workspace):

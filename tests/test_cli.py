@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """CLI behaviour: help, JSON, exit codes and error messages for bad input."""
 
 import json
@@ -9,13 +10,30 @@ import pytest
 
 from helpers import REPO
 
-COMMANDS = ["fetch", "replay", "export", "check", "doctor", "build", "verify", "smoke", "report", "bench", "tune",
-            "package"]
+COMMANDS = [
+    "fetch",
+    "replay",
+    "export",
+    "check",
+    "doctor",
+    "build",
+    "verify",
+    "smoke",
+    "report",
+    "bench",
+    "tune",
+    "package",
+]
 
 
 def fa2patch(*args, env=None, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "fa2patch", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -92,30 +110,37 @@ def test_malformed_lock_names_file_and_field(mini):
     assert str(lock) in proc.stderr and "[baseline] sha256" in proc.stderr
 
 
-
-
 def test_unsupported_arch_names_build_description_expected_and_actual(real_workspace, real_project):
     proc = real_project.run("build", "--arch", "sm_50", check_rc=2)
     assert "fa2patch-build.toml" in proc.stderr and "sm_70" in proc.stderr and "sm_50" in proc.stderr
 
 
 def test_missing_toolchain_fails_fast_with_install_command(real_workspace, real_project):
-    env = {**real_project.env, "FA2PATCH_CLANG": "/nonexistent/clang++-22", "PATH": "/usr/bin:/bin",
-           "CUDA_HOME": ""}
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70",
-                           "--cuda-compiler", "clang"], capture_output=True, text=True, env=env)
+    env = {**real_project.env, "FA2PATCH_CLANG": "/nonexistent/clang++-22", "PATH": "/usr/bin:/bin", "CUDA_HOME": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70", "--cuda-compiler", "clang"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2
     assert "clang++-22: not found" in proc.stderr and "apt-get install -y clang-22" in proc.stderr
 
 
 def test_nvcc_that_cannot_target_sm70_is_named(real_workspace, real_project, tmp_path):
     fake = tmp_path / "nvcc"
-    fake.write_text("#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 13.0, V13.0.88';;"
-                    " --list-gpu-arch) echo compute_75 compute_90;; esac\n")
+    fake.write_text(
+        "#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 13.0, V13.0.88';;"
+        " --list-gpu-arch) echo compute_75 compute_90;; esac\n"
+    )
     fake.chmod(0o755)
     env = {**real_project.env, "FA2PATCH_NVCC": str(fake)}
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70",
-                           "--cuda-compiler", "nvcc"], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "build", "--arch", "sm_70", "--cuda-compiler", "nvcc"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 2 and "CUDA 13.0 cannot target sm_70" in proc.stderr
 
 
@@ -126,8 +151,10 @@ def test_the_nvcc_route_compiles_as_cxx20_like_the_clang_route(real_workspace, t
     from helpers import locked_toolchain
 
     fake = tmp_path / "nvcc"
-    fake.write_text("#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 12.6, V12.6.85';;"
-                    " --list-gpu-arch) echo compute_70 compute_75 compute_90;; esac\n")
+    fake.write_text(
+        "#!/bin/sh\ncase \"$1\" in --version) echo 'Cuda compilation tools, release 12.6, V12.6.85';;"
+        " --list-gpu-arch) echo compute_70 compute_75 compute_90;; esac\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setenv("FA2PATCH_NVCC", str(fake))
     desc = build.BuildDescription.load(real_workspace)
@@ -168,9 +195,17 @@ def test_an_extension_that_does_not_load_fails_report_and_verify(mini):
     build.mkdir(parents=True)
     artifact = build / "_vllm_fa2_C.abi3.so"
     artifact.write_bytes(b"not a shared library")
-    (build / "manifest.json").write_text(json.dumps({
-        "arch": "sm_70", "lab": False, "tensor_core_kernels": [], "ptxas_kernels": [],
-        "artifact": {"file": artifact.name, "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest()}}))
+    (build / "manifest.json").write_text(
+        json.dumps(
+            {
+                "arch": "sm_70",
+                "lab": False,
+                "tensor_core_kernels": [],
+                "ptxas_kernels": [],
+                "artifact": {"file": artifact.name, "sha256": hashlib.sha256(artifact.read_bytes()).hexdigest()},
+            }
+        )
+    )
     proc = mini.run("report", "--arch", "sm_70", check_rc=2)
     assert f"{artifact}: cannot load it" in proc.stderr
     proc = mini.run("verify", "--arch", "sm_70", "--json", check_rc=1)

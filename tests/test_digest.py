@@ -1,9 +1,10 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import os
 
-from helpers import MINI_FILES, reference_digest
 from fa2patch import gitws
 from fa2patch.digest import git_tree_digest, tree_digest
 from fa2patch.lockfile import Identity
+from helpers import MINI_FILES, reference_digest
 
 
 def _write(root, files):

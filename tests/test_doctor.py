@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """doctor: every tool against the lock's pins; a missing required one fails (exit 2), a missing
 optional one only warns. build refuses the same pins."""
 
@@ -14,8 +15,12 @@ NO_NVCC = {"FA2PATCH_NVCC": "/nonexistent/nvcc"}  # so that the clang route is t
 
 
 def doctor(project, env=None):
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "doctor", "--json"], capture_output=True, text=True,
-                          env={**project.env, **NO_NVCC, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        env={**project.env, **NO_NVCC, **(env or {})},
+    )
     return proc.returncode, json.loads(proc.stdout)
 
 
@@ -36,8 +41,12 @@ def test_missing_optional_tools_only_warn(mini):
     assert rc == 0 and doc["ok"] is True and doc["missing"] == []
     assert not items(doc)["ccache"]["found"] and not items(doc)["ccache"]["required"]
     assert not items(doc)["nvcc"]["found"] and not items(doc)["nvcc"]["required"]
-    text = subprocess.run([sys.executable, "-m", "fa2patch", "doctor"], capture_output=True, text=True,
-                          env={**mini.env, **NO_NVCC, "FA2PATCH_NO_CCACHE": "1"}).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "doctor"],
+        capture_output=True,
+        text=True,
+        env={**mini.env, **NO_NVCC, "FA2PATCH_NO_CCACHE": "1"},
+    ).stdout
     assert "missing, optional" in text and "MISSING" not in text
 
 
@@ -56,10 +65,18 @@ def test_a_changed_clang_pin_fails_doctor(mini):
     assert items(doc)["clang++-23"]["install"] == "apt-get install -y clang-23"
 
 
-@pytest.mark.parametrize("old, new, name, detail", [
-    ("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.0.89", "nvidia-cuda-nvcc", "13.0.88 installed, pinned 13.0.89"),
-    ('torch = "2.9.1"', 'torch = "2.9.0"', "torch", "pinned 2.9.0"),
-])
+@pytest.mark.parametrize(
+    "old, new, name, detail",
+    [
+        (
+            "nvidia-cuda-nvcc==13.0.88",
+            "nvidia-cuda-nvcc==13.0.89",
+            "nvidia-cuda-nvcc",
+            "13.0.88 installed, pinned 13.0.89",
+        ),
+        ('torch = "2.9.1"', 'torch = "2.9.0"', "torch", "pinned 2.9.0"),
+    ],
+)
 def test_a_changed_package_pin_fails_doctor_naming_both_versions(mini, old, new, name, detail):
     require_toolchain()
     _pin(mini, old, new)
@@ -75,8 +92,11 @@ def test_build_refuses_a_clang_other_than_the_pinned_one(real_workspace, real_pr
         (other / name).write_text((real_project.root / name).read_text())
     lock = other / "baseline.lock"
     lock.write_text(lock.read_text().replace('clang = "22"', 'clang = "23"'))
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "build", "--cuda-compiler", "clang",
-                           "--workspace", str(real_workspace)], capture_output=True, text=True,
-                          env={**os.environ, "FA2PATCH_ROOT": str(other)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "build", "--cuda-compiler", "clang", "--workspace", str(real_workspace)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FA2PATCH_ROOT": str(other)},
+    )
     assert proc.returncode == 2 and "clang++-23: not found" in proc.stderr
     assert not (other / "build" / "sm_70" / "manifest.json").exists()

@@ -1,11 +1,12 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import tarfile
 
 import pytest
 
-from helpers import MINI_FILES, file_member, make_tar, reference_digest
 from fa2patch.digest import tree_digest
 from fa2patch.errors import CheckFailed
 from fa2patch.extract import safe_extract
+from helpers import MINI_FILES, file_member, make_tar, reference_digest
 
 
 def _dir(name):
@@ -31,23 +32,25 @@ def test_good_archive_extracts_with_normalized_modes(tmp_path):
 
 
 def test_link_inside_tree_is_allowed(tmp_path):
-    archive = make_tar(tmp_path / "a.tar.gz", [_dir("top"), file_member("top/a/x", b"x"),
-                                              _link("top/a/l", "../a/x")])
+    archive = make_tar(tmp_path / "a.tar.gz", [_dir("top"), file_member("top/a/x", b"x"), _link("top/a/l", "../a/x")])
     safe_extract(archive, "top", tmp_path / "out")
     assert (tmp_path / "out/a/l").read_bytes() == b"x"
 
 
-@pytest.mark.parametrize("member, why", [
-    (file_member("top/../x", b"evil"), "'..' component"),
-    (file_member("/tmp/abs-evil", b"evil"), "absolute path"),
-    (file_member("other/x", b"evil"), "outside the top folder"),
-    (_link("top/l", "../../escape"), "escapes the tree"),
-    (_link("top/sub/l", "../.."), "escapes the tree"),
-    (_link("top/l", "/etc/passwd"), "escapes the tree"),
-    (_link("top/h", "top/README", tarfile.LNKTYPE), "hard link"),
-    (_link("top/dev", "", tarfile.CHRTYPE), "device file"),
-    (_link("top/fifo", "", tarfile.FIFOTYPE), "FIFO"),
-])
+@pytest.mark.parametrize(
+    "member, why",
+    [
+        (file_member("top/../x", b"evil"), "'..' component"),
+        (file_member("/tmp/abs-evil", b"evil"), "absolute path"),
+        (file_member("other/x", b"evil"), "outside the top folder"),
+        (_link("top/l", "../../escape"), "escapes the tree"),
+        (_link("top/sub/l", "../.."), "escapes the tree"),
+        (_link("top/l", "/etc/passwd"), "escapes the tree"),
+        (_link("top/h", "top/README", tarfile.LNKTYPE), "hard link"),
+        (_link("top/dev", "", tarfile.CHRTYPE), "device file"),
+        (_link("top/fifo", "", tarfile.FIFOTYPE), "FIFO"),
+    ],
+)
 def test_crafted_archives_are_refused_before_anything_is_written(tmp_path, member, why):
     archive = make_tar(tmp_path / "a.tar.gz", [_dir("top"), file_member("top/README", b"ok"), member])
     with pytest.raises(CheckFailed) as exc:

@@ -1,7 +1,9 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import hashlib
 import http.server
 import json
 import threading
+from typing import ClassVar
 
 import pytest
 
@@ -10,18 +12,24 @@ from fa2patch.fetch import pip_index_urls
 
 class _Index(http.server.BaseHTTPRequestHandler):
     """A loopback simple repository: /json/<project>/ (PEP 691), /html/<project>/ (PEP 503)."""
-    files: dict = {}
+
+    files: ClassVar[dict] = {}  # shared by the handler instances of one server
     stated_sha: str | None = None
 
     def do_GET(self):
         kind, _, rest = self.path.strip("/").partition("/")
         if rest.startswith("files/"):
-            body, ctype = self.files.get(rest[len("files/"):]), "application/octet-stream"
+            body, ctype = self.files.get(rest[len("files/") :]), "application/octet-stream"
         elif rest == "mini":
             entries = [(n, self.stated_sha or hashlib.sha256(d).hexdigest()) for n, d in self.files.items()]
             if kind == "json":
-                body = json.dumps({"meta": {"api-version": "1.0"}, "name": "mini", "files": [
-                    {"filename": n, "url": f"../files/{n}", "hashes": {"sha256": h}} for n, h in entries]}).encode()
+                body = json.dumps(
+                    {
+                        "meta": {"api-version": "1.0"},
+                        "name": "mini",
+                        "files": [{"filename": n, "url": f"../files/{n}", "hashes": {"sha256": h}} for n, h in entries],
+                    }
+                ).encode()
                 ctype = "application/vnd.pypi.simple.v1+json"
             else:
                 body = "".join(f'<a href="../files/{n}#sha256={h}">{n}</a>' for n, h in entries).encode()

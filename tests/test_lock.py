@@ -1,11 +1,12 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """baseline.lock is checked field by field: a changed value in any field fails replay, check,
 doctor or build with a message naming the lock, the field, and the expected and actual values."""
 
 import hashlib
 import tarfile
-import tomllib
 
 import pytest
+import tomllib
 
 from helpers import MINI_FILES, REPO, file_member, make_tar, reference_digest
 
@@ -13,25 +14,44 @@ from helpers import MINI_FILES, REPO, file_member, make_tar, reference_digest
 FLIPS = {
     "format": ("format = 2", "format = 3", "replay", 1, ["format mismatch", "expected: 2", "actual:   3"]),
     "baseline.project": ('project = "mini"', 'project = "minj"', "replay", 1, ["[baseline] top_dir", "minj"]),
-    "baseline.version": ('version = "1.0"', 'version = "1.1"', "replay", 1,
-                         ["[baseline] top_dir", "-1.1", "actual:   mini-1.0"]),
-    "baseline.archive": ('archive = "mini-1.0.tar.gz"', 'archive = "mini-1.0.tar.gx"', "replay", 1,
-                         ["[baseline] archive", "expected: mini-1.0.tar.gz", "actual:   mini-1.0.tar.gx"]),
+    "baseline.version": (
+        'version = "1.0"',
+        'version = "1.1"',
+        "replay",
+        1,
+        ["[baseline] top_dir", "-1.1", "actual:   mini-1.0"],
+    ),
+    "baseline.archive": (
+        'archive = "mini-1.0.tar.gz"',
+        'archive = "mini-1.0.tar.gx"',
+        "replay",
+        1,
+        ["[baseline] archive", "expected: mini-1.0.tar.gz", "actual:   mini-1.0.tar.gx"],
+    ),
     "baseline.top_dir": ('top_dir = "mini-1.0"', 'top_dir = "mini-1.1"', "replay", 1, ["[baseline] top_dir"]),
     "baseline.sha256": (None, None, "replay", 1, ["sha256 mismatch"]),
     "baseline.size": (None, None, "replay", 1, ["[baseline] size"]),
     "baseline.tree_digest": (None, None, "replay", 1, ["extracted tree digest mismatch"]),
     "baseline.files": (None, None, "replay", 1, ["files (extracted files and links) mismatch"]),
     "toolchain.cuda": ('cuda = "12.8"', 'cuda = "12.9"', "check", 1, ["CUDA release", "12.9.x", "actual:   12.8."]),
-    "toolchain.torch": ('torch = "2.9.1"', 'torch = "2.9.2"', "check", 1,
-                        ["pyproject.toml", "torch==2.9.2", "torch==2.9.1"]),
-    "toolchain.wheels": ("nvidia-cuda-cccl-cu12==12.8.90", "nvidia-cuda-cccl-cu12==12.8.91", "check", 1,
-                         ["pyproject.toml", "nvidia-cuda-cccl-cu12==12.8.91", "nvidia-cuda-cccl-cu12==12.8.90"]),
+    "toolchain.torch": (
+        'torch = "2.9.1"',
+        'torch = "2.9.2"',
+        "check",
+        1,
+        ["pyproject.toml", "torch==2.9.2", "torch==2.9.1"],
+    ),
+    "toolchain.wheels": (
+        "nvidia-cuda-cccl-cu12==12.8.90",
+        "nvidia-cuda-cccl-cu12==12.8.91",
+        "check",
+        1,
+        ["pyproject.toml", "nvidia-cuda-cccl-cu12==12.8.91", "nvidia-cuda-cccl-cu12==12.8.90"],
+    ),
 }
 # Checked elsewhere: the toolchain pins of what is installed (test_doctor.py), the patch entries
 # (test_replay_export.py: a changed sha256, tree_digest or file name fails replay and check).
-ELSEWHERE = {"toolchain.clang", "toolchain.fatbinary_wheel", "patches.file", "patches.sha256",
-             "patches.tree_digest"}
+ELSEWHERE = {"toolchain.clang", "toolchain.fatbinary_wheel", "patches.file", "patches.sha256", "patches.tree_digest"}
 
 
 def test_every_field_of_the_real_lock_has_a_test():
@@ -47,7 +67,7 @@ def _flip_value(text: str, key: str) -> tuple[str, str]:
     last = line.rstrip('"')[-1]
     new_last = {"9": "8"}.get(last, "9") if last.isdigit() else ("0" if last != "0" else "1")
     i = len(line.rstrip('"')) - 1
-    return line, line[:i] + new_last + line[i + 1:]
+    return line, line[:i] + new_last + line[i + 1 :]
 
 
 @pytest.mark.parametrize("field", sorted(FLIPS))
@@ -73,7 +93,7 @@ def test_unknown_fields_are_refused(mini):
     lock.write_text(original + '\n[workspace]\nname = "someone"\n')
     proc = mini.run("check", check_rc=1)
     assert "unknown top-level field(s) workspace" in proc.stderr and str(lock) in proc.stderr
-    lock.write_text(original.replace('files = ', 'file_count = 1\nfiles = '))
+    lock.write_text(original.replace("files = ", "file_count = 1\nfiles = "))
     proc = mini.run("check", check_rc=1)
     assert "[baseline] unknown field(s) file_count" in proc.stderr
 

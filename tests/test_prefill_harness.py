@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill GPU harness (tests/gpu/prefill_cases.py) on the CPU: an exact stand-in for
 gqa_prefill_fwd passes it, a slightly wrong one fails it, and its adversarial inputs and vLLM
 cache views are what they claim to be."""
@@ -60,11 +61,14 @@ def run(pc, raw, op=exact_op):
     return spec, x, pc.sm70_cases.run_numerics(pc.adapter(op, workspace_bytes, extra), spec, x)
 
 
-@pytest.mark.parametrize("raw", [
-    {"seqlens": [[40, 100]]},
-    {"seqlens": [[30, 70]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": True, "poison": True},
-    {"seqlens": [[20, 10]], "hq": 4, "hkv": 1},
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"seqlens": [[40, 100]]},
+        {"seqlens": [[30, 70]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": True, "poison": True},
+        {"seqlens": [[20, 10]], "hq": 4, "hkv": 1},
+    ],
+)
 def test_exact_stand_in_passes(pc, raw):
     _, _, r = run(pc, raw)
     assert r["ok"] and r["finite"] and r["guard_ok"] and r["returns_out"] and r["lse_max_err"] <= 1e-3
@@ -76,13 +80,13 @@ def test_a_slightly_wrong_op_fails(pc):
 
 
 def test_vllm_cache_views_have_vllms_strides_and_the_same_keys(pc):
-    spec, extra = pc.split_spec({"seqlens": [[10, 50]], "hq": 8, "hkv": 2, "page_size": 16})
+    spec, _extra = pc.split_spec({"seqlens": [[10, 50]], "hq": 8, "hkv": 2, "page_size": 16})
     x = pc.sm70_cases.build_inputs(spec, "cpu")
     before = keys_of(x["k"], x["v"], x["block_table"], 50)
     pc.vllm_views(spec, x)
     assert x["k"].stride() == (2 * 16 * 256 * 2, 2 * 256, 16 * 2 * 256, 1)  # row stride 2 d
     after = keys_of(x["k"], x["v"], x["block_table"], 50)
-    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["first", "diagonal"])
@@ -91,7 +95,7 @@ def test_dominated_rows_are_dominated_by_one_key_with_scores_near_100(pc, mode):
     x = pc.sm70_cases.build_inputs(spec, "cpu")
     pc.adversarial(spec, extra, x)
     q, k = x["q"].float(), x["k"].float()
-    s = torch.einsum("qhd,kd->hqk", q, k[:, 0]) * spec["scale"]       # hkv = 1
+    s = torch.einsum("qhd,kd->hqk", q, k[:, 0]) * spec["scale"]  # hkv = 1
     mask = torch.arange(200).view(1, -1) <= torch.arange(40).view(-1, 1) + 160
     s = s.masked_fill(~mask, -math.inf)
     heads = range(6) if mode == "first" else [0]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The FP32 reference against a per-query loop written from the definitions in its docstring."""
 
 import math
@@ -41,18 +42,21 @@ def naive(q, k, v, scale, causal, window, softcap, slopes):
             m = max(scores)
             total = sum(math.exp(s - m) for s in scores)
             lse[h, i] = m + math.log(total)
-            for s, j in zip(scores, keys):
+            for s, j in zip(scores, keys, strict=True):
                 out[i, h] += math.exp(s - m) / total * v[j, kh].double()
     return out, lse
 
 
-@pytest.mark.parametrize("sq, sk, hq, hk, causal, window, softcap, alibi", [
-    (5, 5, 2, 1, False, (-1, -1), 0.0, False),
-    (3, 9, 4, 2, True, (-1, -1), 0.0, False),   # bottom-right causal
-    (9, 3, 2, 2, True, (-1, -1), 0.0, False),   # first rows fully masked
-    (7, 11, 3, 1, False, (2, 1), 0.0, False),   # sliding window
-    (4, 6, 2, 1, True, (-1, -1), 5.0, True),    # softcap and ALiBi
-])
+@pytest.mark.parametrize(
+    "sq, sk, hq, hk, causal, window, softcap, alibi",
+    [
+        (5, 5, 2, 1, False, (-1, -1), 0.0, False),
+        (3, 9, 4, 2, True, (-1, -1), 0.0, False),  # bottom-right causal
+        (9, 3, 2, 2, True, (-1, -1), 0.0, False),  # first rows fully masked
+        (7, 11, 3, 1, False, (2, 1), 0.0, False),  # sliding window
+        (4, 6, 2, 1, True, (-1, -1), 5.0, True),  # softcap and ALiBi
+    ],
+)
 def test_reference_matches_naive_definition(sq, sk, hq, hk, causal, window, softcap, alibi):
     g = torch.Generator().manual_seed(sq * 100 + sk)
     q, k, v = (torch.randn(n, h, 16, generator=g).half() for n, h in ((sq, hq), (sk, hk), (sk, hk)))

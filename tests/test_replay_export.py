@@ -1,10 +1,11 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """replay/export/check on a small baseline: determinism, round trip, tampering, atomicity."""
 
 import hashlib
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 
 def _add_patch(mini, subject, body, edits):
@@ -20,7 +21,12 @@ def _add_patch(mini, subject, body, edits):
 def series(mini):
     """The mini project with two exported patches."""
     mini.run("replay", "--sdist", str(mini.archive))
-    _add_patch(mini, "First change", "Why it is needed.\n# not a comment", {"src/kernel.cu": "// kernel\nint a = 10;\nint b = 2;\nint c = 3;\n"})
+    _add_patch(
+        mini,
+        "First change",
+        "Why it is needed.\n# not a comment",
+        {"src/kernel.cu": "// kernel\nint a = 10;\nint b = 2;\nint c = 3;\n"},
+    )
     _add_patch(mini, "Second: add a file", "", {"src/new.h": "#pragma once\n"})
     return mini
 
@@ -56,9 +62,11 @@ def test_export_writes_numbered_patches_and_lock(series):
     assert [p["file"] for p in lock["patches"]] == names
     assert lock["baseline"]["project"] == "mini" and "# test lock" in (series.root / "baseline.lock").read_text()
     text = (series.root / "patches" / names[0]).read_text()
-    assert text.startswith("From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\n"
-                           " src/kernel.cu | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)\n\n"
-                           "diff --git a/src/kernel.cu b/src/kernel.cu\n")
+    assert text.startswith(
+        "From: fa2patch\nSubject: First change\n\nWhy it is needed.\n# not a comment\n---\n"
+        " src/kernel.cu | 2 +-\n 1 file changed, 1 insertion(+), 1 deletion(-)\n\n"
+        "diff --git a/src/kernel.cu b/src/kernel.cu\n"
+    )
     assert "Date" not in text and "2.39" not in text  # no dates, no git version signature
 
 
@@ -161,8 +169,7 @@ def test_export_refuses_an_empty_commit_naming_it(series):
 
 
 def test_hand_edited_diffstat_fails_replay(series):
-    patch = _rewrite_patch(series, 0, lambda text: text.replace(" src/kernel.cu | 2 +-\n",
-                                                                " src/kernel.cu | 3 ++-\n"))
+    patch = _rewrite_patch(series, 0, lambda text: text.replace(" src/kernel.cu | 2 +-\n", " src/kernel.cu | 3 ++-\n"))
     proc = series.run("replay", "--force", check_rc=1)
     assert str(patch) in proc.stderr and "diffstat" in proc.stderr
     assert "src/kernel.cu | 2 +-" in proc.stderr and "src/kernel.cu | 3 ++-" in proc.stderr
@@ -170,9 +177,10 @@ def test_hand_edited_diffstat_fails_replay(series):
 
 def test_patch_without_diffstat_replays_and_check_asks_for_an_export(series):
     """Patches exported before diffstats existed still replay; check says the export differs."""
+
     def drop_diffstat(text):
         head, _, diff = text.partition("---\n")
-        return head + "---\n" + diff[diff.index("diff --git"):]
+        return head + "---\n" + diff[diff.index("diff --git") :]
 
     _rewrite_patch(series, 1, drop_diffstat)
     series.run("replay", "--force")

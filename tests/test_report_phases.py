@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """phases: one CTA's iteration timed from the SASS, on small synthetic loops whose cycles follow by
 hand from data/v100.toml's rates and latencies: the serial phase between barriers (a), SHFL on the
 shared-memory pipe (b), dependent HMMA chains (c), and loads waited for."""
@@ -8,8 +9,8 @@ from fa2patch import phases, sass
 from fa2patch.v100model import load_v100
 
 V100 = load_v100()
-STEP = V100["four_chain_mma884_issue_cycles"] / 4          # one HMMA.884.F32 step of a lone warp (measured issue rate)
-PIPE = V100["mma884_clocks"] / 4                 # one step on the tensor pipe
+STEP = V100["four_chain_mma884_issue_cycles"] / 4  # one HMMA.884.F32 step of a lone warp (measured issue rate)
+PIPE = V100["mma884_clocks"] / 4  # one step on the tensor pipe
 HMMA_LAT = V100["dependent_mma884_cycles"]
 ALU = V100["alu_latency_cycles"]
 LDS = V100["dependent_lds_cycles"]
@@ -91,21 +92,32 @@ def test_code_run_once_waits_for_its_loads():
     assert once == pytest.approx(V100["dependent_ldg_l2_hit_cycles"] + 1)
 
 
-@pytest.mark.parametrize("line, reads, writes", [
-    ("SHFL.BFLY PT, R196, R197, 0x8, 0x1f", {197}, {196}),
-    ("ISETP.GE.AND P4, PT, R2, R217, PT", {2, 217}, set()),
-    ("LDS.U.128 R164, [R184+0x40]", {184}, {164, 165, 166, 167}),
-    ("HMMA.884.F32.F32.STEP2 R192, R12.reuse.ROW, R164.reuse.COL, R196", {12, 164, 196}, {192, 193}),
-    ("STS.128 [R3+0x10], R12", {3, 12}, set()),
-    ("IMAD.WIDE.U32 R6, R5, 0x4, R8", {5, 8}, {6, 7}),
-])
+@pytest.mark.parametrize(
+    "line, reads, writes",
+    [
+        ("SHFL.BFLY PT, R196, R197, 0x8, 0x1f", {197}, {196}),
+        ("ISETP.GE.AND P4, PT, R2, R217, PT", {2, 217}, set()),
+        ("LDS.U.128 R164, [R184+0x40]", {184}, {164, 165, 166, 167}),
+        ("HMMA.884.F32.F32.STEP2 R192, R12.reuse.ROW, R164.reuse.COL, R196", {12, 164, 196}, {192, 193}),
+        ("STS.128 [R3+0x10], R12", {3, 12}, set()),
+        ("IMAD.WIDE.U32 R6, R5, 0x4, R8", {5, 8}, {6, 7}),
+    ],
+)
 def test_operands(line, reads, writes):
     assert phases.operands(code([line])[0]) == (reads, writes)
 
 
 def test_serial_runs_find_the_hmma_free_stretches_including_the_wrap():
-    lines = (["IADD3 R1, R1, 0x1, RZ"] * 3 + INDEPENDENT[:2] + ["SHFL.BFLY PT, R0, R0, 0x1, 0x1f"] * 2
-             + ["MUFU.EX2 R3, R3"] + ["BAR.SYNC 0x0"] + ["FADD R0, R0, R1"] * 16 + INDEPENDENT[:2] + ["NOP"] * 14)
+    lines = (
+        ["IADD3 R1, R1, 0x1, RZ"] * 3
+        + INDEPENDENT[:2]
+        + ["SHFL.BFLY PT, R0, R0, 0x1, 0x1f"] * 2
+        + ["MUFU.EX2 R3, R3"]
+        + ["BAR.SYNC 0x0"]
+        + ["FADD R0, R0, R1"] * 16
+        + INDEPENDENT[:2]
+        + ["NOP"] * 14
+    )
     runs = phases.serial_runs(code(lines))
     assert [(r["start"], r["instructions"]) for r in runs] == [(5, 20), (27, 17)]
     assert (runs[0]["shuffles"], runs[0]["mufu"], runs[0]["barriers"]) == (2, 1, 1)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Routing profiles in the built extension, without a GPU (patch 0004; issue 17 item 5): the strict
 JSON reader against Python's json module, SHA-256 against hashlib on real files (the extension
 file included, found by the extension itself), and the profile check against the format (the
@@ -38,8 +39,9 @@ print(json.dumps(out))
 
 
 def run_ops(artifact: Path, requests: dict, env=None) -> dict:
-    proc = subprocess.run([sys.executable, "-c", RUN, str(artifact)], input=json.dumps(requests),
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN, str(artifact)], input=json.dumps(requests), capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -49,17 +51,34 @@ def run_ops(artifact: Path, requests: dict, env=None) -> dict:
 VALID_JSON = [
     '{"a": [1, -0, 2.5e3, 1E+2, 1e-2, -12.75, true, false, null], "b": {}, "c": []}',
     '  [ "x\\u00e9\\ud83d\\ude00\\n\\t\\"\\\\\\/", "é漢", "" ]  \n',
-    '0', '"just a string"', 'null', '{"nested": {"deeper": [[[{"k": [1]}]]]}}',
-    '[' * 64 + ']' * 64,                  # the deepest nesting the reader takes
+    "0",
+    '"just a string"',
+    "null",
+    '{"nested": {"deeper": [[[{"k": [1]}]]]}}',
+    "[" * 64 + "]" * 64,  # the deepest nesting the reader takes
     json.dumps({"profile": DECISIONS}),
 ]
-INVALID_JSON = {                          # text: what Python's json would say (None: it accepts it)
-    '[1,]': "rejects", '{"a": 1,}': "rejects", '// c\n{}': "rejects", "{'a': 1}": "rejects",
-    '01': "rejects", '1.': "rejects", '.5': "rejects", '-': "rejects", '"\\x"': "rejects",
-    '"tab\there"': "rejects", '[1] 2': "rejects", '': "rejects", '{"a" 1}': "rejects", 'tru': "rejects",
-    '[' * 65 + ']' * 65: None,            # deeper than the reader's limit
-    'NaN': None, '[Infinity]': None, '{"a": 1, "a": 2}': None,   # Python accepts these; the reader does not
-    '"\\ud800"': None, '"\\udc00x"': None,                      # lone surrogates
+INVALID_JSON = {  # text: what Python's json would say (None: it accepts it)
+    "[1,]": "rejects",
+    '{"a": 1,}': "rejects",
+    "// c\n{}": "rejects",
+    "{'a': 1}": "rejects",
+    "01": "rejects",
+    "1.": "rejects",
+    ".5": "rejects",
+    "-": "rejects",
+    '"\\x"': "rejects",
+    '"tab\there"': "rejects",
+    "[1] 2": "rejects",
+    "": "rejects",
+    '{"a" 1}': "rejects",
+    "tru": "rejects",
+    "[" * 65 + "]" * 65: None,  # deeper than the reader's limit
+    "NaN": None,
+    "[Infinity]": None,
+    '{"a": 1, "a": 2}': None,  # Python accepts these; the reader does not
+    '"\\ud800"': None,
+    '"\\udc00x"': None,  # lone surrogates
 }
 
 
@@ -95,12 +114,13 @@ def results(built_sm70, tmp_path_factory) -> dict:
 def test_json_reader_reads_what_python_reads(results, i):
     answer = results["answers"][f"json-valid-{i}"]
     assert "ok" in answer, answer
-    assert json.loads(answer["ok"]) == json.loads(VALID_JSON[i])   # the same values, independently parsed
+    assert json.loads(answer["ok"]) == json.loads(VALID_JSON[i])  # the same values, independently parsed
 
 
 def test_json_reader_keeps_number_literals_and_writes_compactly(results):
-    assert results["answers"]["json-valid-0"]["ok"] == \
-        '{"a":[1,-0,2.5e3,1E+2,1e-2,-12.75,true,false,null],"b":{},"c":[]}'
+    assert (
+        results["answers"]["json-valid-0"]["ok"] == '{"a":[1,-0,2.5e3,1E+2,1e-2,-12.75,true,false,null],"b":{},"c":[]}'
+    )
 
 
 @pytest.mark.parametrize("i", range(len(INVALID_JSON)))
@@ -108,13 +128,13 @@ def test_json_reader_refuses_what_strict_json_refuses(results, i):
     text, python = list(INVALID_JSON.items())[i]
     answer = results["answers"][f"json-invalid-{i}"]
     assert answer.get("raised") == "ValueError" and "invalid JSON: line " in answer["message"], answer
-    if python == "rejects":   # the reader is at least as strict as Python's json
-        with pytest.raises(ValueError):
+    if python == "rejects":  # the reader is at least as strict as Python's json
+        with pytest.raises(json.JSONDecodeError):
             json.loads(text)
 
 
 def test_json_reader_names_line_and_column(results):
-    i = list(INVALID_JSON).index('[1,]')
+    i = list(INVALID_JSON).index("[1,]")
     assert "line 1, column 4 (byte 3)" in results["answers"][f"json-invalid-{i}"]["message"]
 
 
@@ -144,10 +164,15 @@ V100 = [DEVICE["name"], DEVICE["sms"], 7, 0]
 
 
 def document(sha: str, **changes) -> dict:
-    doc = {"format": FORMAT, "device": dict(DEVICE), "extension_sha256": sha,
-           "software": {"torch": "2.9.1+cu128", "cuda": "12.8", "driver": "570.86.15", "fa2patch": "0.1.0"},
-           "clocks_seen": {"sm_mhz": [1312, 1530]}, "measured": [{"route": "sm70-dense", "ms": 1.5}],
-           "decisions": [dict(d) for d in DECISIONS]}
+    doc = {
+        "format": FORMAT,
+        "device": dict(DEVICE),
+        "extension_sha256": sha,
+        "software": {"torch": "2.9.1+cu128", "cuda": "12.8", "driver": "570.86.15", "fa2patch": "0.1.0"},
+        "clocks_seen": {"sm_mhz": [1312, 1530]},
+        "measured": [{"route": "sm70-dense", "ms": 1.5}],
+        "decisions": [dict(d) for d in DECISIONS],
+    }
     doc.update(changes)
     return doc
 
@@ -160,8 +185,8 @@ def edited(sha: str, edit) -> str:
 
 def profile_cases(sha: str) -> dict:
     """name -> (file content or None for no file, [device_name, sms, major, minor, extension_sha256])."""
-    own = V100 + [""]                     # "": the loaded extension's own sha256
-    d0 = lambda f: lambda doc: f(doc["decisions"][0])   # noqa: E731
+    own = [*V100, ""]  # "": the loaded extension's own sha256
+    d0 = lambda f: lambda doc: f(doc["decisions"][0])  # noqa: E731
     minimal = {k: v for k, v in document(sha).items() if k not in ("software", "clocks_seen", "measured")}
     return {
         "valid": (json.dumps(document(sha)), own),
@@ -202,7 +227,7 @@ def profile_cases(sha: str) -> dict:
         "other-device-name": (json.dumps(document(sha)), ["NVIDIA H200", 132, 7, 0, ""]),
         "other-sm-count": (json.dumps(document(sha)), [DEVICE["name"], 72, 7, 0, ""]),
         "other-capability": (json.dumps(document(sha)), [DEVICE["name"], 80, 9, 0, ""]),
-        "other-sha256": (json.dumps(document(sha)), V100 + ["ab" * 32]),
+        "other-sha256": (json.dumps(document(sha)), [*V100, "ab" * 32]),
         "missing-file": (None, own),
         "directory": (None, own),
     }
@@ -273,7 +298,7 @@ REFUSED = {
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_bad_or_foreign_profile_is_refused_whole_with_its_reason(results, name):
     r = check(results, name)
-    assert r["status"] == "refused" and r["parsed"] == [], r   # never a partial use
+    assert r["status"] == "refused" and r["parsed"] == [], r  # never a partial use
     for words in REFUSED[name]:
         assert words.replace("{sha}", results["sha"]) in r["reason"], (words, r)
 
@@ -294,5 +319,7 @@ def test_route_stats_names_the_profile_setting_without_a_gpu(built_sm70, tmp_pat
     rule = {"candidates": [2, 3, 4], "min_gain": 1.25, "cta_fixed_blocks": 32}
     assert unset["profile"] is None and unset["split_kv"] == {"builtin_rule": rule, "testing_splits": 0}, unset
     path = str(tmp_path / "p.json")
-    set_ = json.loads(run_ops(artifact, {"s": ("route_stats", [])}, {**env, "FA2PATCH_ROUTING_PROFILE": path})["s"]["ok"])
+    set_ = json.loads(
+        run_ops(artifact, {"s": ("route_stats", [])}, {**env, "FA2PATCH_ROUTING_PROFILE": path})["s"]["ok"]
+    )
     assert set_["profile"] == {"path": path, "status": "not read yet"}, set_

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Patch 0004's settings, read by the built extension without a GPU: route_stats() reports the
 long-prefill range and switches in force; the rollback variable accepts unset/"0"/"1" only and the
 workspace cap a positive number of MiB, and anything else is a ValueError naming the variable."""
@@ -23,8 +24,13 @@ except Exception as exc:
 
 def probe(built, **env):
     clean = {k: v for k, v in os.environ.items() if k not in (ENV, CAP)}
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(built / "_vllm_fa2_C.abi3.so")], capture_output=True,
-                          text=True, env={**clean, **env, "CUDA_VISIBLE_DEVICES": ""}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(built / "_vllm_fa2_C.abi3.so")],
+        capture_output=True,
+        text=True,
+        env={**clean, **env, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -32,9 +38,14 @@ def probe(built, **env):
 def test_defaults_are_on_with_the_documented_range_and_cap(built_sm70):
     stats = probe(built_sm70)["stats"]
     # Written down from routing.h / README before running: Q >= 1024, KV >= 16384, G <= 16, 4 GiB.
-    assert stats["long_prefill"] == {"enabled": True, "min_seqlen_q": 1024, "min_seqlen_k": 16384,
-                                     "max_group": 16, "workspace_cap_bytes": 4096 << 20}
-    assert stats["devices"] == {}   # no GPU visible: no per-device counters
+    assert stats["long_prefill"] == {
+        "enabled": True,
+        "min_seqlen_q": 1024,
+        "min_seqlen_k": 16384,
+        "max_group": 16,
+        "workspace_cap_bytes": 4096 << 20,
+    }
+    assert stats["devices"] == {}  # no GPU visible: no per-device counters
 
 
 @pytest.mark.parametrize("value,enabled", [("0", False), ("1", True)])

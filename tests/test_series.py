@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The patch file format: the diffstat computed from the diff, against hand counts."""
 
 import pytest
@@ -38,10 +39,12 @@ HcmV?d00001
 def test_diffstat_counts_lines_per_file_by_hand():
     # a.cpp: 2 added, 1 removed (the lines starting with '---'/'+++' inside the hunk are content);
     # "a b.txt": 2 removed (a path with a space); blob.bin: binary.
-    assert diffstat(DIFF) == (" src/a.cpp    | 3 ++-\n"
-                              " docs/a b.txt | 2 --\n"
-                              " blob.bin     | Bin\n"
-                              " 3 files changed, 2 insertions(+), 3 deletions(-)\n")
+    assert diffstat(DIFF) == (
+        " src/a.cpp    | 3 ++-\n"
+        " docs/a b.txt | 2 --\n"
+        " blob.bin     | Bin\n"
+        " 3 files changed, 2 insertions(+), 3 deletions(-)\n"
+    )
 
 
 def test_large_changes_are_scaled_to_forty_columns():

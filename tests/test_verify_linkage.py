@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Artifact hygiene (verify): each defect, built into a small shared object, fails its own row
 and only that row; a clean object passes every row."""
 
@@ -8,7 +9,7 @@ import pytest
 
 from fa2patch.verify import check_hygiene
 
-SRC = '#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n'
+SRC = "#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n"
 ROWS = {"libstdc++", "needed", "rpath", "build paths", "python abi"}
 
 
@@ -22,8 +23,7 @@ def compiler():
 def shared_object(tmp_path, name, source=SRC, flags=()):
     (tmp_path / f"{name}.cpp").write_text(source)
     so = tmp_path / f"{name}.so"
-    subprocess.run([compiler(), "-shared", "-fPIC", str(tmp_path / f"{name}.cpp"), "-o", str(so), *flags],
-                   check=True)
+    subprocess.run([compiler(), "-shared", "-fPIC", str(tmp_path / f"{name}.cpp"), "-o", str(so), *flags], check=True)
     return so
 
 
@@ -53,8 +53,12 @@ def test_a_library_search_path_is_refused(tmp_path, tags, kind):
 
 def test_a_library_torch_does_not_provide_is_refused(tmp_path):
     dep = shared_object(tmp_path, "libextra", "int extra() { return 1; }\n")
-    so = shared_object(tmp_path, "uses", SRC + "int extra();\nint g() { return extra(); }\n",
-                       flags=[str(dep), "-Wl,--disable-new-dtags"])
+    so = shared_object(
+        tmp_path,
+        "uses",
+        SRC + "int extra();\nint g() { return extra(); }\n",
+        flags=[str(dep), "-Wl,--disable-new-dtags"],
+    )
     failed = failing_rows(so)
     assert set(failed) == {"needed"} and "libextra.so" in failed["needed"]
 
@@ -68,9 +72,13 @@ def test_a_folder_of_the_build_machine_is_refused(tmp_path):
 
 
 def test_a_private_cpython_symbol_is_refused(tmp_path):
-    so = shared_object(tmp_path, "private", SRC + 'extern "C" void _Py_Dealloc(void*);\n'
-                       'extern "C" void PyModule_Create2(void*, int);\n'
-                       "void g() { _Py_Dealloc(nullptr); PyModule_Create2(nullptr, 3); }\n")
+    so = shared_object(
+        tmp_path,
+        "private",
+        SRC + 'extern "C" void _Py_Dealloc(void*);\n'
+        'extern "C" void PyModule_Create2(void*, int);\n'
+        "void g() { _Py_Dealloc(nullptr); PyModule_Create2(nullptr, 3); }\n",
+    )
     failed = failing_rows(so)
     assert set(failed) == {"python abi"}
     assert "_Py_Dealloc" in failed["python abi"] and "PyModule_Create2" not in failed["python abi"]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Packaging for vLLM, against the real source files of the tested vLLM release
 (packaging/vllm-release.toml, fetched through the package index; never copied here).
 
@@ -33,14 +34,23 @@ _NAMESPACE, _SCHEMAS = load_expected_schemas(REPO / "schemas" / "vllm_fa2_ops.to
 SCHEMA_OPS = sorted(f"{_NAMESPACE}::{name}" for name in _SCHEMAS)
 YES = {"is_fa2_supported": [True, None], "get_flash_attn_version": 2, "supports_compute_capability": True}
 # vLLM's own answers without an extension that serves the capability (written down beforehand).
-NO = {"is_fa2_supported": [False, "FA2 is only supported on devices with compute capability >= 8"],
-      "get_flash_attn_version": None, "supports_compute_capability": False}
+NO = {
+    "is_fa2_supported": [False, "FA2 is only supported on devices with compute capability >= 8"],
+    "get_flash_attn_version": None,
+    "supports_compute_capability": False,
+}
 # Stand-in for vLLM's own FA2 extension (the fork's, built for capability >= 8.0): it registers
 # the torch library _vllm_fa2_C with vLLM's varlen_fwd schema and no build_info.
-FORK_STANDIN = '''import torch
+FORK_STANDIN = """import torch
 _lib = torch.library.Library("_vllm_fa2_C", "DEF")
-_lib.define("varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, bool is_causal, int window_size_left, int window_size_right, float softcap, bool return_softmax, int num_splits, Tensor? gen) -> Tensor[]")
-'''
+_lib.define(
+    "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, Tensor? alibi_slopes, int max_seqlen_q, "
+    "int max_seqlen_k, float p_dropout, float softmax_scale, bool zero_tensors, bool is_causal, "
+    "int window_size_left, int window_size_right, float softcap, bool return_softmax, int num_splits, "
+    "Tensor? gen) -> Tensor[]"
+)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +68,11 @@ def make_venv(path: Path, wheel: Path) -> Path:
     site = next(path.glob("lib/python*/site-packages"))
     (site / "torch-env.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
     python = path / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                    "--no-index", str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     return python
 
 
@@ -75,8 +88,13 @@ def vllm_tree(vllm_src: Path, dest: Path, extension: Path | None = None, standin
 
 
 def probe(python: Path, tree: Path, caps: str, plugins: bool, env=None) -> tuple[dict, str]:
-    proc = subprocess.run([str(python), str(PROBE), str(tree), caps, *(["--plugins"] if plugins else [])],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=tree)
+    proc = subprocess.run(
+        [str(python), str(PROBE), str(tree), caps, *(["--plugins"] if plugins else [])],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=tree,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
@@ -96,8 +114,7 @@ def wheel_python(wheel, tmp_path_factory):
 def test_wheel_record_contents_and_tags(wheel, built):
     manifest = json.loads((built / "manifest.json").read_text())
     torch_version = manifest["torch"]["version"]
-    assert wheel.name == (f"fa2patch_vllm-0.1.0+torch{torch_version.replace('+', '.')}"
-                          "-cp39-abi3-linux_x86_64.whl")
+    assert wheel.name == (f"fa2patch_vllm-0.1.0+torch{torch_version.replace('+', '.')}-cp39-abi3-linux_x86_64.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
@@ -111,15 +128,18 @@ def test_wheel_record_contents_and_tags(wheel, built):
             assert digest == f"sha256={expected}" and int(size) == len(data), name
         assert {line.split(",")[0] for line in record} == names
         assert zf.read("fa2patch_vllm/_vllm_fa2_C.abi3.so") == (built / "_vllm_fa2_C.abi3.so").read_bytes()
-        assert "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register" in \
-            zf.read(f"{info}/entry_points.txt").decode()
+        assert (
+            "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register"
+            in zf.read(f"{info}/entry_points.txt").decode()
+        )
         assert "Root-Is-Purelib: false" in zf.read(f"{info}/WHEEL").decode()
         record_json = json.loads(zf.read("fa2patch_vllm/build.json"))
         assert record_json["bundles_extension"] is True
         assert record_json["cxx_standard"] == "c++20" == manifest["cxx_standard"]
         assert record_json["torch"]["version"] == torch_version
-        assert record_json["extension_sha256"] == hashlib.sha256(
-            (built / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest()
+        assert (
+            record_json["extension_sha256"] == hashlib.sha256((built / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest()
+        )
         # Nothing in it names a folder of this machine.
         for name in names:
             data = zf.read(name)
@@ -168,8 +188,9 @@ def test_plugin_lifts_the_three_gates_on_7_0_only(wheel_python, vllm_src, tmp_pa
     assert without["extension"].endswith("vllm/vllm_flash_attn/_vllm_fa2_C.py")
     on_v100, log = probe(wheel_python, tree, "7.0", plugins=True)
     assert on_v100["gates"] == {"7.0": YES}
-    assert on_v100["extension"] == str(next(wheel_python.parents[1].glob(
-        "lib/python*/site-packages/fa2patch_vllm/_vllm_fa2_C.abi3.so")))
+    assert on_v100["extension"] == str(
+        next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/_vllm_fa2_C.abi3.so"))
+    )
     assert log.count("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through") == 1
     for cap in ("7.5", "8.0", "9.0"):
         other, log = probe(wheel_python, tree, cap, plugins=True)
@@ -199,7 +220,8 @@ def test_plugin_refuses_when_a_foreign_extension_is_already_loaded(wheel_python,
     sitecustomize = tmp_path / "early"
     sitecustomize.mkdir()
     (sitecustomize / "sitecustomize.py").write_text(
-        f"import sys; sys.path.insert(0, {str(tree)!r}); import vllm.vllm_flash_attn._vllm_fa2_C\n")
+        f"import sys; sys.path.insert(0, {str(tree)!r}); import vllm.vllm_flash_attn._vllm_fa2_C\n"
+    )
     got, log = probe(wheel_python, tree, "7.0", plugins=True, env={"PYTHONPATH": str(sitecustomize)})
     assert got["gates"] == {"7.0": NO} and got["extension"].endswith("_vllm_fa2_C.py")
     assert "fa2patch-vllm is not activated" in log and "already loaded" in log
@@ -207,11 +229,13 @@ def test_plugin_refuses_when_a_foreign_extension_is_already_loaded(wheel_python,
 
 # --- the --vllm-src route ----------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def vllm_src_package(built, real_project, tmp_path_factory):
     dest = tmp_path_factory.mktemp("vsrc")
-    out = json.loads(real_project.run("package", "--vllm-src", str(dest / "tree"), "--out", str(dest / "dist"),
-                                      "--json").stdout)
+    out = json.loads(
+        real_project.run("package", "--vllm-src", str(dest / "tree"), "--out", str(dest / "dist"), "--json").stdout
+    )
     return Path(out["vllm_src"]), Path(out["wheel"]), out
 
 
@@ -227,9 +251,18 @@ def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
     pins = locked_toolchain()
     prefix = vllm_src.parent / "installed"
     shutil.copytree(vllm_src, prefix, dirs_exist_ok=True)
-    run = vllm_cmake.Run(vllm_src, tree, root, prefix, "clang", sys.executable, build_type="", jobs=2,
-                         clang=toolchain.find_clang(pins.clang),
-                         cuda_path=toolchain.assemble_cuda_path(root / "cuda", pins))
+    run = vllm_cmake.Run(
+        vllm_src,
+        tree,
+        root,
+        prefix,
+        "clang",
+        sys.executable,
+        build_type="",
+        jobs=2,
+        clang=toolchain.find_clang(pins.clang),
+        cuda_path=toolchain.assemble_cuda_path(root / "cuda", pins),
+    )
     log = []
     try:
         vllm_cmake.configure(run, log.append)
@@ -246,32 +279,44 @@ def test_vllm_src_tree_is_what_vllm_cmake_expects(vllm_src_package):
     assert (tree / "CMakeLists.txt").is_file() and (tree / "fa2patch-build.toml").is_file()
     cmake = (tree / "CMakeLists.txt").read_text()
     assert "CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON" in cmake and "CUDA_STANDARD 20 CUDA_STANDARD_REQUIRED ON" in cmake
-    assert sorted(p.relative_to(tree).as_posix() for p in (tree / "vllm_flash_attn").rglob("*.py")) == \
-        ["vllm_flash_attn/layers/rotary.py", "vllm_flash_attn/ops/triton/rotary.py"]
-    assert "from vllm.vllm_flash_attn.ops.triton.rotary import" in \
-        (tree / "vllm_flash_attn/layers/rotary.py").read_text()
+    assert sorted(p.relative_to(tree).as_posix() for p in (tree / "vllm_flash_attn").rglob("*.py")) == [
+        "vllm_flash_attn/layers/rotary.py",
+        "vllm_flash_attn/ops/triton/rotary.py",
+    ]
+    assert (
+        "from vllm.vllm_flash_attn.ops.triton.rotary import" in (tree / "vllm_flash_attn/layers/rotary.py").read_text()
+    )
     assert plugin_wheel.name == "fa2patch_vllm-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(plugin_wheel) as zf:
         assert not [n for n in zf.namelist() if n.endswith(".so")]
         assert json.loads(zf.read("fa2patch_vllm/build.json"))["bundles_extension"] is False
 
 
-def test_vllm_cmake_builds_and_installs_the_tree_and_it_verifies(vllm_built_tree, built, real_project,
-                                                                vllm_src_package):
+def test_vllm_cmake_builds_and_installs_the_tree_and_it_verifies(
+    vllm_built_tree, built, real_project, vllm_src_package
+):
     tree, _, _ = vllm_src_package
     installed = vllm_built_tree / "vllm" / "vllm_flash_attn"
     assert (installed / "_vllm_fa2_C.abi3.so").is_file()
     assert (installed / "layers" / "rotary.py").is_file() and not (installed / "_vllm_fa3_C.abi3.so").exists()
-    proc = real_project.run("verify", "--artifact", str(installed / "_vllm_fa2_C.abi3.so"), "--workspace",
-                            str(tree), "--json", check_rc=None)
+    proc = real_project.run(
+        "verify",
+        "--artifact",
+        str(installed / "_vllm_fa2_C.abi3.so"),
+        "--workspace",
+        str(tree),
+        "--json",
+        check_rc=None,
+    )
     rows = json.loads(proc.stdout)["rows"]
     assert proc.returncode == 0, [r for r in rows if not r["ok"]]
     manifest = json.loads((built / "manifest.json").read_text())
     # One kernel row per kernel that ptxas reported in the ninja build.
     assert sum(r["kind"] == "kernel" for r in rows) == sum(k["entry"] for k in manifest["ptxas_kernels"])
     # Same sources, same flags, same folders mapped away: the very bytes of the ninja build.
-    assert hashlib.sha256((installed / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest() == \
-        manifest["artifact"]["sha256"]
+    assert (
+        hashlib.sha256((installed / "_vllm_fa2_C.abi3.so").read_bytes()).hexdigest() == manifest["artifact"]["sha256"]
+    )
 
 
 def test_vllm_src_route_gates(vllm_built_tree, vllm_src_package, tmp_path):
@@ -291,6 +336,7 @@ def test_vllm_src_route_gates(vllm_built_tree, vllm_src_package, tmp_path):
 
 # --- the GPU lab script, as far as a CPU goes ----------------------------------------------------
 
+
 def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, tmp_path):
     """ci/gpu-vllm.sh: without a GPU `run` skips with exit 3; `collect` does the whole set-up and
     finds vLLM's 160 FA2 fp16 cases and the 36 KV-view cases, with the extension imported by
@@ -300,9 +346,13 @@ def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, 
     archive = tmp_path / "vllm-src.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(vllm_src, arcname=vllm_src.name)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "FA2PATCH_VLLM_ARCHIVE": str(archive), "OUT": str(tmp_path / "out"),
-           "FA2PATCH_VLLM_EXTENSION": str(built / "_vllm_fa2_C.abi3.so")}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "FA2PATCH_VLLM_ARCHIVE": str(archive),
+        "OUT": str(tmp_path / "out"),
+        "FA2PATCH_VLLM_EXTENSION": str(built / "_vllm_fa2_C.abi3.so"),
+    }
     script = [str(REPO / "ci" / "gpu-vllm.sh")]
     import torch
 
@@ -318,7 +368,7 @@ def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, 
 
 # --- build --python ------------------------------------------------------------------------------
 
-FAKE_TORCH = '''__version__ = "{version}"
+FAKE_TORCH = """__version__ = "{version}"
 class version:
     cuda = {cuda!r}
 class _C:
@@ -326,7 +376,7 @@ class _C:
     @staticmethod
     def _cuda_getArchFlags():
         return "{archs}"
-'''
+"""
 
 
 def fake_python(tmp_path, version, cuda, archs) -> Path:
@@ -338,23 +388,37 @@ def fake_python(tmp_path, version, cuda, archs) -> Path:
     (root / "torch" / "utils" / "__init__.py").write_text("")
     (root / "torch" / "utils" / "cpp_extension.py").write_text(
         "def include_paths():\n    return ['/nonexistent/include']\n"
-        "def library_paths():\n    return ['/nonexistent/lib']\n")
+        "def library_paths():\n    return ['/nonexistent/lib']\n"
+    )
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={root} exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
 
-@pytest.mark.parametrize("version, cuda, archs, expected", [
-    ("2.14.0+cu130", "13.0", "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
-     ["torch 2.14.0+cu130", "carries no sm_70 code", "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
-      # the hint names what works for vLLM 0.33, and the check-only mode
-      "vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it", "--allow-torch-without-sm70"]),
-    ("2.9.1+cpu", None, "", ["torch 2.9.1+cpu", "is a CPU build"]),
-    ("2.11.0+cu130", "13.0", "sm_70 sm_80 sm_90", ["CUDA major version mismatch", "actual:   13.0"]),
-])
-def test_build_refuses_a_torch_that_cannot_serve_sm70(real_project, real_workspace, tmp_path, version, cuda,
-                                                      archs, expected):
+@pytest.mark.parametrize(
+    "version, cuda, archs, expected",
+    [
+        (
+            "2.14.0+cu130",
+            "13.0",
+            "sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+            [
+                "torch 2.14.0+cu130",
+                "carries no sm_70 code",
+                "actual:   sm_75 sm_80 sm_86 sm_90 sm_100 sm_120",
+                # the hint names what works for vLLM 0.33, and the check-only mode
+                "vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it",
+                "--allow-torch-without-sm70",
+            ],
+        ),
+        ("2.9.1+cpu", None, "", ["torch 2.9.1+cpu", "is a CPU build"]),
+        ("2.11.0+cu130", "13.0", "sm_70 sm_80 sm_90", ["CUDA major version mismatch", "actual:   13.0"]),
+    ],
+)
+def test_build_refuses_a_torch_that_cannot_serve_sm70(
+    real_project, real_workspace, tmp_path, version, cuda, archs, expected
+):
     require_toolchain()
     python = fake_python(tmp_path, version, cuda, archs)
     proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), check_rc=2)
@@ -366,8 +430,9 @@ def test_a_cpu_torch_is_refused_even_for_a_check_only_build(real_project, real_w
     """No libtorch_cuda to link: nothing to check."""
     require_toolchain()
     python = fake_python(tmp_path, "2.14.0+cpu", None, "")
-    proc = real_project.run("build", "--arch", "sm_70", "--python", str(python), "--allow-torch-without-sm70",
-                            check_rc=2)
+    proc = real_project.run(
+        "build", "--arch", "sm_70", "--python", str(python), "--allow-torch-without-sm70", check_rc=2
+    )
     assert "torch 2.14.0+cpu" in proc.stderr and "is a CPU build" in proc.stderr
 
 
@@ -378,7 +443,8 @@ def torch_without_sm70(tmp_path) -> Path:
     site = tmp_path / "no-sm70"
     site.mkdir()
     (site / "sitecustomize.py").write_text(
-        "import torch\ntorch._C._cuda_getArchFlags = lambda: 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'\n")
+        "import torch\ntorch._C._cuda_getArchFlags = lambda: 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'\n"
+    )
     wrapper = tmp_path / "python-no-sm70"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
@@ -393,15 +459,23 @@ def test_check_only_build_is_built_verified_and_refused_by_package(built, real_p
     normal = json.loads((built / "manifest.json").read_text())
     python = torch_without_sm70(tmp_path)
     try:
-        out = json.loads(real_project.run("build", "--arch", "sm_70", "--python", str(python),
-                                          "--allow-torch-without-sm70", "--json").stdout)
+        out = json.loads(
+            real_project.run(
+                "build", "--arch", "sm_70", "--python", str(python), "--allow-torch-without-sm70", "--json"
+            ).stdout
+        )
         manifest = out["manifest"]
         assert manifest["check_only"] == {
-            "why": [f"torch {normal['torch']['version']} carries no sm_70 code (arch list: sm_75 sm_80 sm_86 "
-                    "sm_90 sm_100 sm_120)"],
-            "preload": []}  # same CUDA major: torch's own libcudart serves it
+            "why": [
+                f"torch {normal['torch']['version']} carries no sm_70 code (arch list: sm_75 sm_80 sm_86 "
+                "sm_90 sm_100 sm_120)"
+            ],
+            "preload": [],
+        }  # same CUDA major: torch's own libcudart serves it
         assert manifest["artifact"]["sha256"] == normal["artifact"]["sha256"]
-        rows = {r["name"]: r for r in json.loads(real_project.run("verify", "--arch", "sm_70", "--json").stdout)["rows"]}
+        rows = {
+            r["name"]: r for r in json.loads(real_project.run("verify", "--arch", "sm_70", "--json").stdout)["rows"]
+        }
         assert all(r["ok"] for r in rows.values())
         assert f"({python}); check-only build, not for packaging: torch" in rows["torch"]["detail"]
         assert rows["import"]["ok"] and rows["varlen_fwd"]["ok"]
@@ -414,8 +488,7 @@ def test_check_only_build_is_built_verified_and_refused_by_package(built, real_p
         real_project.run("build", "--arch", "sm_70")
 
 
-def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(built, wheel_python,
-                                                                               real_project):
+def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(built, wheel_python, real_project):
     """Another venv's interpreter (same torch, so the build is a no-op): the manifest names it and
     verify loads the extension with it."""
     try:
@@ -423,14 +496,27 @@ def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(b
         manifest = json.loads((built / "manifest.json").read_text())
         assert manifest["torch"]["python"] == str(wheel_python)
         assert manifest["torch"]["arch_list"][0] == "sm_70"
-        code = ("import json,sys; from pathlib import Path; from fa2patch import verify; "
-                "calls=[]; real=verify.probe_extension; "
-                "verify.probe_extension=lambda a,s,p,*r: calls.append(p) or real(a,s,p,*r); "
-                "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "
-                "print(json.dumps({'calls':calls,'ok':all(r.ok for r in rows)}))")
-        out = subprocess.run([sys.executable, "-c", code, str(built), str(real_project.root / "schemas" /
-                              "vllm_fa2_ops.toml"), str(real_project.root / "budgets.toml")],
-                             capture_output=True, text=True, check=True, env=real_project.env).stdout
+        code = (
+            "import json,sys; from pathlib import Path; from fa2patch import verify; "
+            "calls=[]; real=verify.probe_extension; "
+            "verify.probe_extension=lambda a,s,p,*r: calls.append(p) or real(a,s,p,*r); "
+            "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "
+            "print(json.dumps({'calls':calls,'ok':all(r.ok for r in rows)}))"
+        )
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(built),
+                str(real_project.root / "schemas" / "vllm_fa2_ops.toml"),
+                str(real_project.root / "budgets.toml"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=real_project.env,
+        ).stdout
         assert json.loads(out.strip().splitlines()[-1]) == {"calls": [str(wheel_python)], "ok": True}
     finally:
         real_project.run("build", "--arch", "sm_70")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Ask vLLM's real gate functions whether FlashAttention-2 is usable, in a process that looks
 like a vLLM process on a GPU of a given compute capability (run by tests/test_vllm_packaging.py).
 
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import vllm_stubs  # noqa: E402
+import vllm_stubs
 
 
 def main() -> None:
@@ -42,12 +43,18 @@ def main() -> None:
         result[f"{cap[0]}.{cap[1]}"] = {
             "is_fa2_supported": list(flash_attn_interface._is_fa2_supported()),
             "get_flash_attn_version": fa_utils.get_flash_attn_version(),
-            "supports_compute_capability": FlashAttentionBackend.supports_compute_capability(
-                DeviceCapability(*cap)),
+            "supports_compute_capability": FlashAttentionBackend.supports_compute_capability(DeviceCapability(*cap)),
         }
     extension = sys.modules.get("vllm.vllm_flash_attn._vllm_fa2_C")
-    print(json.dumps({"gates": result, "extension": getattr(extension, "__file__", None),
-                      "fa2_available": flash_attn_interface.FA2_AVAILABLE}))
+    print(
+        json.dumps(
+            {
+                "gates": result,
+                "extension": getattr(extension, "__file__", None),
+                "fa2_available": flash_attn_interface.FA2_AVAILABLE,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

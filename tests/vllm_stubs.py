@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run vLLM's real Python sources without vLLM's dependencies or compiled extensions.
 
 Used where vLLM cannot be installed: the CPU gate test (tests/vllm_gate_probe.py, no GPU, no
@@ -22,9 +23,18 @@ import re
 import sys
 import types
 
-STUBBED = ("vllm.model_executor", "vllm.config", "vllm.distributed", "vllm.v1.worker",
-           "vllm.v1.attention.ops", "vllm.v1.attention.backends.utils", "vllm.v1.kv_cache_interface",
-           "vllm._custom_ops", "vllm._C", "vllm._C_stable_libtorch")
+STUBBED = (
+    "vllm.model_executor",
+    "vllm.config",
+    "vllm.distributed",
+    "vllm.v1.worker",
+    "vllm.v1.attention.ops",
+    "vllm.v1.attention.backends.utils",
+    "vllm.v1.kv_cache_interface",
+    "vllm._custom_ops",
+    "vllm._C",
+    "vllm._C_stable_libtorch",
+)
 
 
 class _Meta(type):
@@ -88,7 +98,6 @@ def install(vllm_src: str, capability) -> type:
     sys.meta_path.insert(0, StubFinder())
     sys.modules.setdefault("regex", re)  # vllm.utils.import_utils: `import regex as re`
     import torch
-
     import vllm.config
 
     vllm.config.get_current_vllm_config_or_none = lambda: None

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """pytest set-up for vLLM's FA2 kernel test on the GPU lab. ci/gpu-vllm.sh copies this folder,
 tests/vllm_stubs.py and vLLM's own tests/kernels/attention/test_flash_attn.py into one run folder.
 
@@ -33,8 +34,12 @@ COLLECTED, CASES = [], []
 
 def describe(item) -> dict:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return {"test": item.originalname, "fa_version": params.get("fa_version"),
-            "q_dtype": str(params.get("q_dtype")), "dtype": str(params.get("dtype"))}
+    return {
+        "test": item.originalname,
+        "fa_version": params.get("fa_version"),
+        "q_dtype": str(params.get("q_dtype")),
+        "dtype": str(params.get("dtype")),
+    }
 
 
 def pytest_collection_finish(session):

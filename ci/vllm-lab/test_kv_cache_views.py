@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """vLLM's KV-cache layout through vLLM's interface. vLLM keeps one cache tensor per layer,
 (num_blocks, num_kv_heads, block_size, 2 * head_size), and hands FA2 the views its
 FlashAttentionImpl.forward makes (vllm/v1/attention/backends/flash_attn.py):
@@ -7,7 +8,6 @@ token stride 2·D, head stride block_size·2·D. Checked against vLLM's own ``re
 
 import pytest
 import torch
-
 from test_flash_attn import ref_paged_attn
 from vllm.utils.torch_utils import canonicalize_singleton_dim_strides, set_random_seed
 from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -33,16 +33,35 @@ def test_vllm_kv_cache_views(seq_lens, num_heads, head_size, block_size):
     assert not key_cache.is_contiguous() and key_cache.stride(1) == 2 * head_size
     if num_kv_heads > 1:
         assert key_cache.stride(2) == block_size * 2 * head_size
-    cu_query_lens = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(dim=0, dtype=torch.int32)
+    cu_query_lens = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(dim=0, dtype=torch.int32)
     seqused_k = torch.tensor(kv_lens, dtype=torch.int32)
     blocks_per_seq = (max(kv_lens) + block_size - 1) // block_size
     block_tables = torch.randint(0, num_blocks, (len(seq_lens), blocks_per_seq), dtype=torch.int32)
     out = torch.empty_like(query)
-    flash_attn_varlen_func(q=query, k=key_cache, v=value_cache, out=out, cu_seqlens_q=cu_query_lens,
-                           seqused_k=seqused_k, max_seqlen_q=max(query_lens), max_seqlen_k=max(kv_lens),
-                           softmax_scale=scale, causal=True, window_size=[-1, -1], block_table=block_tables,
-                           softcap=0, fa_version=2)
-    ref = ref_paged_attn(query=query, key_cache=key_cache.contiguous(), value_cache=value_cache.contiguous(),
-                         query_lens=query_lens, kv_lens=seqused_k, block_tables=block_tables, scale=scale)
+    flash_attn_varlen_func(
+        q=query,
+        k=key_cache,
+        v=value_cache,
+        out=out,
+        cu_seqlens_q=cu_query_lens,
+        seqused_k=seqused_k,
+        max_seqlen_q=max(query_lens),
+        max_seqlen_k=max(kv_lens),
+        softmax_scale=scale,
+        causal=True,
+        window_size=[-1, -1],
+        block_table=block_tables,
+        softcap=0,
+        fa_version=2,
+    )
+    ref = ref_paged_attn(
+        query=query,
+        key_cache=key_cache.contiguous(),
+        value_cache=value_cache.contiguous(),
+        query_lens=query_lens,
+        kv_lens=seqused_k,
+        block_tables=block_tables,
+        scale=scale,
+    )
     assert out.abs().max() > 0
     torch.testing.assert_close(out, ref, atol=1.5e-2, rtol=1e-2)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Where the long-prefill route's range separates from the exact route's (issue 15 item 5).
 
 Reads `fa2patch report --json` outputs (one per SM count) for shapes that the long-prefill op
@@ -14,10 +15,11 @@ import json
 import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 
 def rows(path):
-    out = json.load(open(path))
+    out = json.loads(Path(path).read_text())
     sms = out["card"]["sms"]
     by = defaultdict(dict)
     for p in out["predictions"]:
@@ -26,7 +28,7 @@ def rows(path):
         if "sm70-gqa-prefill" not in routes:
             continue
         q, kv, hq, hkv = (int(x) for x in re.match(r"Q=(\d+) KV=(\d+) Hq=(\d+) Hkv=(\d+)", label).groups())
-        if q < 1024 or kv < 16384:          # routing.h: the long-prefill range
+        if q < 1024 or kv < 16384:  # routing.h: the long-prefill range
             continue
         g = routes["sm70-gqa-prefill"]
         yield sms, (q, hq, hkv), kv, g["vs_dense"], g["vs_dense_verdict"]
@@ -37,8 +39,10 @@ def main(paths):
     for path in paths:
         for sms, key, kv, ratio, verdict in rows(path):
             table[key][sms].append((kv, ratio, verdict))
-    print("| Q, Hq/Hkv | exact route's CTAs | average wave fill, 72 / 80 SMs | 72 SMs: ratio, verdicts by KV | "
-          "80 SMs: ratio, verdicts by KV |")
+    print(
+        "| Q, Hq/Hkv | exact route's CTAs | average wave fill, 72 / 80 SMs | 72 SMs: ratio, verdicts by KV | "
+        "80 SMs: ratio, verdicts by KV |"
+    )
     print("|---|---|---|---|---|")
     for (q, hq, hkv), per in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         ctas = -(-q // 64) * hq

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The split-KV table of docs/report-model.md (issue 17 item 4), from `fa2patch report --json`.
 
 Reads one report per SM count for the shapes of docs/report/splitkv-shapes.txt and prints, per
@@ -16,13 +17,14 @@ import json
 import re
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 MARK = {"faster": "F", "slower": "S", "not separated": "-"}
 LABEL = re.compile(r"Q=(\d+) KV=(\d+) Hq=(\d+) Hkv=(\d+) D=(\d+) causal(?: \+(\d+) decode KV=(\d+))?")
 
 
 def read(path):
-    out = json.load(open(path))
+    out = json.loads(Path(path).read_text())
     by = defaultdict(dict)
     for p in out["predictions"]:
         by[p["label"]][(p["route"], p["plan"].get("splits", 1))] = p
@@ -44,23 +46,26 @@ def cell(points):
     gqa = [r for r in rows if "vs_gqa" in r]
     vs = "-"
     if gqa:
-        g = [r["vs_gqa"] for r in gqa]     # long-prefill time / split time
-        vs = (f"{min(g):.2f}-{max(g):.2f} "
-              f"{''.join(MARK[r['vs_gqa_verdict']] for r in gqa)}")
+        g = [r["vs_gqa"] for r in gqa]  # long-prefill time / split time
+        vs = f"{min(g):.2f}-{max(g):.2f} {''.join(MARK[r['vs_gqa_verdict']] for r in gqa)}"
     return text, vs
 
 
 def main(paths):
     cards = dict(read(p) for p in paths)
-    keys = sorted(set().union(*(t.keys() for t in cards.values())), key=lambda k: (k[4] > 0, -k[2], k[0], k[1],
-                                                                                     k[3], k[4], k[5]))
-    print("| Hq/Hkv, D | Q | decode rows (KV) | " + " | ".join(
-        f"{sms} SMs: best split, exact/split by KV | {sms} SMs: long-prefill/split" for sms in cards) + " |")
+    keys = sorted(
+        set().union(*(t.keys() for t in cards.values())), key=lambda k: (k[4] > 0, -k[2], k[0], k[1], k[3], k[4], k[5])
+    )
+    print(
+        "| Hq/Hkv, D | Q | decode rows (KV) | "
+        + " | ".join(f"{sms} SMs: best split, exact/split by KV | {sms} SMs: long-prefill/split" for sms in cards)
+        + " |"
+    )
     print("|---|---|---|" + "---|---|" * len(cards))
     for key in keys:
         hq, hkv, d, q, decode, dkv = key
         cells = []
-        for sms, table in cards.items():
+        for table in cards.values():
             cells += cell(table[key]) if key in table else ["-", "-"]
         dec = f"{decode} ({dkv:,})" if decode else "-"
         print(f"| {hq}/{hkv}, {d} | {q:,} | {dec} | " + " | ".join(cells) + " |")

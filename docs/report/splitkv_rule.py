@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Where the exact route with split-KV separates from the unsplit exact route (issue 17 item 4), and
 how a rule on host-side call properties agrees with it.
 
@@ -18,9 +19,9 @@ import json
 import sys
 from pathlib import Path
 
-ROWS_PER_CTA, KEYS_PER_BLOCK = 64, 32            # build_info(): every sm70-dense kernel
+ROWS_PER_CTA, KEYS_PER_BLOCK = 64, 32  # build_info(): every sm70-dense kernel
 SPLITS = (2, 3, 4)
-CTA_FIXED_BLOCKS = 32                            # proposed constants (docs/report-model.md)
+CTA_FIXED_BLOCKS = 32  # proposed constants (docs/report-model.md)
 MIN_GAIN = 1.25
 
 
@@ -28,8 +29,11 @@ def gain(ctas: int, slots: int, blocks: int, s: int) -> float:
     """The rule's estimate of exact / split time: whole waves of CTAs that each cost
     CTA_FIXED_BLOCKS key-block iterations plus their blocks (every CTA taken as seeing all
     ``blocks``): ceil(c / slots) (F + n) / (ceil(s c / slots) (F + ceil(n / s)))."""
-    return (-(-ctas // slots) * (CTA_FIXED_BLOCKS + blocks)
-            / (-(-(s * ctas) // slots) * (CTA_FIXED_BLOCKS + -(-blocks // s))))
+    return (
+        -(-ctas // slots)
+        * (CTA_FIXED_BLOCKS + blocks)
+        / (-(-(s * ctas) // slots) * (CTA_FIXED_BLOCKS + -(-blocks // s)))
+    )
 
 
 def rule(heads_q: int, max_seqlen_q: int, max_seqlen_k: int, batch: int, sms: int, ctas_per_sm: int) -> int:
@@ -47,20 +51,23 @@ def rule(heads_q: int, max_seqlen_q: int, max_seqlen_k: int, batch: int, sms: in
 def shapes():
     from fa2patch.shapes import Shape
 
-    heads = {256: [(1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (12, 2), (16, 2), (32, 4)],
-             128: [(4, 1), (8, 2), (16, 4), (32, 8)], 64: [(8, 2), (32, 8)]}
+    heads = {
+        256: [(1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (12, 2), (16, 2), (32, 4)],
+        128: [(4, 1), (8, 2), (16, 4), (32, 8)],
+        64: [(8, 2), (32, 8)],
+    }
     for d, hs in heads.items():
         for hq, hkv in hs:
             for q in (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096):
                 for kv in sorted({q, 4096, 16384, 65536, 131072}):
                     if kv >= q:
-                        yield Shape(q, kv, hq, hkv, d, True, d ** -0.5)
+                        yield Shape(q, kv, hq, hkv, d, True, d**-0.5)
     for d, hq, hkv in ((256, 6, 1), (128, 32, 8), (128, 8, 2)):
         for q in (256, 512, 1024, 2048, 4096):
             for kv in (16384, 131072):
                 for decode in (1, 4, 16, 64, 256):
                     for dkv in (1024, 4096, 32768):
-                        yield Shape(q, kv, hq, hkv, d, True, d ** -0.5, 1, decode, dkv)
+                        yield Shape(q, kv, hq, hkv, d, True, d**-0.5, 1, decode, dkv)
 
 
 def run(artifact: Path) -> None:
@@ -80,25 +87,47 @@ def run(artifact: Path) -> None:
             dense = report.predict(shape, rows, card, v100, cal, artifact)
             kernel = report.dense_kernel(shape, rows, artifact)
             dense_timer = route_timer(report.dense_launches(shape, kernel, card)[0], card, v100)
-            out = {"sms": sms, "label": shape.label, "q": shape.q, "kv": shape.kv, "hq": shape.hq, "hkv": shape.hkv,
-                   "d": shape.d, "decode": shape.decode, "dkv": shape.dkv if shape.decode else 0,
-                   "ctas_per_sm": kernel["occupancy"]["blocks_per_sm"], "dense_ms": dense["calibrated_ms"],
-                   "rule": rule(shape.hq, shape.q, max(shape.kv, shape.dkv if shape.decode else 0),
-                                shape.b + shape.decode, sms, kernel["occupancy"]["blocks_per_sm"]), "splits": {}}
+            out = {
+                "sms": sms,
+                "label": shape.label,
+                "q": shape.q,
+                "kv": shape.kv,
+                "hq": shape.hq,
+                "hkv": shape.hkv,
+                "d": shape.d,
+                "decode": shape.decode,
+                "dkv": shape.dkv if shape.decode else 0,
+                "ctas_per_sm": kernel["occupancy"]["blocks_per_sm"],
+                "dense_ms": dense["calibrated_ms"],
+                "rule": rule(
+                    shape.hq,
+                    shape.q,
+                    max(shape.kv, shape.dkv if shape.decode else 0),
+                    shape.b + shape.decode,
+                    sms,
+                    kernel["occupancy"]["blocks_per_sm"],
+                ),
+                "splits": {},
+            }
             for s in SPLITS:
                 split = report.predict_split(shape, rows, card, v100, cal, artifact, s)
                 v = report.versus(split, dense, "vs_dense")
-                launches = report.splitkv_launches(shape, kernel, next(k["combine"] for k in rows if "combine" in k),
-                                                   s)[0]
+                launches = report.splitkv_launches(
+                    shape, kernel, next(k["combine"] for k in rows if "combine" in k), s
+                )[0]
                 timer = route_timer(launches, card, v100)
                 spread = [dense_timer(c) / timer(c) for c in loo]
-                out["splits"][s] = {"ms": split["calibrated_ms"], "ratio": v["vs_dense"],
-                                    "verdict": v["vs_dense_verdict"], "loo_ratio": [min(spread), max(spread)]}
+                out["splits"][s] = {
+                    "ms": split["calibrated_ms"],
+                    "ratio": v["vs_dense"],
+                    "verdict": v["vs_dense_verdict"],
+                    "loo_ratio": [min(spread), max(spread)],
+                }
             print(json.dumps(out), flush=True)
 
 
 def summary(path: Path) -> None:
-    recs = [json.loads(line) for line in open(path)]
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
     wrong, missed, agreed = [], [], []
     for r in recs:
         faster = {int(s): x for s, x in r["splits"].items() if x["verdict"] == "faster"}
@@ -109,22 +138,32 @@ def summary(path: Path) -> None:
         elif r["rule"] > 1:
             agreed.append(r)
     best = lambda r: max(r["splits"].items(), key=lambda kv: kv[1]["ratio"])  # noqa: E731
-    print(f"{len(recs)} calls; the rule splits {len(agreed) + len(wrong)}: separated in its favour {len(agreed)} "
-          f"(the model's best split count: {sum(int(best(r)[0]) == r['rule'] for r in agreed)}), NOT separated "
-          f"{len(wrong)}; separated calls it leaves unsplit: {len(missed)} "
-          f"({sum(1 for r in missed if r['decode'])} of them batches with decode rows)")
+    print(
+        f"{len(recs)} calls; the rule splits {len(agreed) + len(wrong)}: separated in its favour {len(agreed)} "
+        f"(the model's best split count: {sum(int(best(r)[0]) == r['rule'] for r in agreed)}), NOT separated "
+        f"{len(wrong)}; separated calls it leaves unsplit: {len(missed)} "
+        f"({sum(1 for r in missed if r['decode'])} of them batches with decode rows)"
+    )
     ratios = sorted((r["splits"][str(r["rule"])]["ratio"], r["sms"], r["label"]) for r in agreed)
-    print(f"exact / split where the rule splits: {ratios[0][0]:.3f} ({ratios[0][1]} SMs {ratios[0][2]}) .. "
-          f"{ratios[-1][0]:.3f}")
-    for name, group in (("rule splits, NOT separated", wrong), ("one sequence, separated, rule does not split",
-                                                                  [r for r in missed if not r["decode"]])):
+    print(
+        f"exact / split where the rule splits: {ratios[0][0]:.3f} ({ratios[0][1]} SMs {ratios[0][2]}) .. "
+        f"{ratios[-1][0]:.3f}"
+    )
+    for name, group in (
+        ("rule splits, NOT separated", wrong),
+        ("one sequence, separated, rule does not split", [r for r in missed if not r["decode"]]),
+    ):
         print(f"\n{name}:")
         for r in group:
             s, x = best(r)
-            print(f"  {r['sms']} SMs {r['label']}: rule x{r['rule']}; best x{s} {x['ratio']:.3f} ({x['verdict']}; "
-                  f"over the leave-one-out parameters {x['loo_ratio'][0]:.3f}-{x['loo_ratio'][1]:.3f})")
-    print("\nBatches (one prefill chunk + decode rows): decode-row counts at which a split count separates in "
-          "favour of split-KV (best split, exact/split), else -")
+            print(
+                f"  {r['sms']} SMs {r['label']}: rule x{r['rule']}; best x{s} {x['ratio']:.3f} ({x['verdict']}; "
+                f"over the leave-one-out parameters {x['loo_ratio'][0]:.3f}-{x['loo_ratio'][1]:.3f})"
+            )
+    print(
+        "\nBatches (one prefill chunk + decode rows): decode-row counts at which a split count separates in "
+        "favour of split-KV (best split, exact/split), else -"
+    )
     rows = {}
     for r in (r for r in recs if r["decode"]):
         key = (f"{r['hq']}/{r['hkv']}, {r['d']}", r["q"], r["kv"], r["dkv"])

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """FlashAttention-2 forward kernels for V100 (compute capability 7.0) as vLLM's `_vllm_fa2_C`,
 built by fa2patch, and the vLLM plugin that makes vLLM use them (``fa2patch_vllm.plugin``).
 

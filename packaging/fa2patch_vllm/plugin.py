@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """vLLM general plugin (entry-point group ``vllm.general_plugins``): on compute capability 7.0,
 make vLLM use fa2patch's ``_vllm_fa2_C`` and lift the gates that refuse 7.0.
 
@@ -37,7 +38,7 @@ _active = False
 
 def register() -> None:
     """The entry point. vLLM may call it more than once per process; it acts once."""
-    global _active
+    global _active  # noqa: PLW0603 - one flag per process: vLLM may call the entry point more than once
     if _active:
         return
     from vllm.platforms import current_platform
@@ -51,10 +52,9 @@ def register() -> None:
     if record["bundles_extension"]:
         problem = activation_problem(record)
         if problem:
-            logger.error("fa2patch-vllm is not activated (vLLM keeps its FlashAttention gates): %s",
-                         problem)
+            logger.error("fa2patch-vllm is not activated (vLLM keeps its FlashAttention gates): %s", problem)
             return
-        from . import _vllm_fa2_C as extension
+        from . import _vllm_fa2_C as extension  # type: ignore[attr-defined]  # built into the wheel by `package`
 
         sys.modules.setdefault(EXTENSION, extension)  # vLLM's `from . import _vllm_fa2_C` finds ours
         source = f"{extension.__file__} (built for torch {record['torch']['version']})"
@@ -94,8 +94,7 @@ def fa2patch_ops_on_v100() -> bool:
     from vllm.platforms import current_platform
 
     capability = current_platform.get_device_capability()
-    return (capability is not None and (capability.major, capability.minor) == V100
-            and fa2patch_ops_loaded())
+    return capability is not None and (capability.major, capability.minor) == V100 and fa2patch_ops_loaded()
 
 
 def lift_interface_gate(interface) -> None:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 import json
 import os
 import subprocess
@@ -74,14 +75,20 @@ print(json.dumps(result))
 @pytest.fixture
 def call_op(gpu_build):
     def run(env=None, **kw):
-        proc = subprocess.run([sys.executable, "-c", CALL, str(gpu_build), json.dumps(kw)],
-                              capture_output=True, text=True, env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            [sys.executable, "-c", CALL, str(gpu_build), json.dumps(kw)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
+
     return run
 
 
 # --- Slow cases and the numerics summary (tests/gpu/test_sm70_numerics.py) -----------------
+
 
 def slow_enabled() -> bool:
     """Cases marked `slow` (the reference workload endpoints, KV 256K) run with FA2PATCH_SLOW=1."""
@@ -122,8 +129,19 @@ class NumericsSummary:
 
     def record(self, family: str, case: str, result: dict) -> None:
         row = {"family": family, "case": case}
-        for key in (*self.METRICS, "bar", "rel_l2_worst_seq", *self.FLAGS, "raised", "message",
-                    "error", "device_ok", "out_untouched", "seconds", "seconds_op"):
+        for key in (
+            *self.METRICS,
+            "bar",
+            "rel_l2_worst_seq",
+            *self.FLAGS,
+            "raised",
+            "message",
+            "error",
+            "device_ok",
+            "out_untouched",
+            "seconds",
+            "seconds_op",
+        ):
             if result.get(key) is not None or (key == "raised" and key in result):
                 row[key] = result[key]
         row["ok"] = bool(result.get("ok"))
@@ -132,26 +150,30 @@ class NumericsSummary:
     def as_json(self) -> dict:
         families = {}
         for row in self.rows:
-            fam = families.setdefault(row["family"], {"cases": 0, "ok": True, "failed": [],
-                                                      "worst": {}, "worst_case": {}, "results": []})
+            fam = families.setdefault(
+                row["family"], {"cases": 0, "ok": True, "failed": [], "worst": {}, "worst_case": {}, "results": []}
+            )
             fam["cases"] += 1
             fam["results"].append({k: _json_number(v) for k, v in row.items() if k != "family"})
             if not row["ok"]:
                 fam["ok"] = False
                 fam["failed"].append(row["case"])
             for m in self.METRICS:
-                if isinstance(row.get(m), (int, float)):
-                    if m not in fam["worst"] or _rank(row[m]) > _rank(fam["worst"][m]):
-                        fam["worst"][m] = row[m]
-                        fam["worst_case"][m] = row["case"]
+                number = isinstance(row.get(m), (int, float))
+                if number and (m not in fam["worst"] or _rank(row[m]) > _rank(fam["worst"][m])):
+                    fam["worst"][m] = row[m]
+                    fam["worst_case"][m] = row["case"]
             for flag in ("finite", "deterministic"):
                 if flag in row:
                     fam["worst"][flag] = fam["worst"].get(flag, True) and bool(row[flag])
         for fam in families.values():
             fam["worst"] = {k: _json_number(v) for k, v in fam["worst"].items()}
-        return {"cases": len(self.rows), "ok": all(r["ok"] for r in self.rows) if self.rows else None,
-                "failed": [f"{r['family']}/{r['case']}" for r in self.rows if not r["ok"]],
-                "families": families}
+        return {
+            "cases": len(self.rows),
+            "ok": all(r["ok"] for r in self.rows) if self.rows else None,
+            "failed": [f"{r['family']}/{r['case']}" for r in self.rows if not r["ok"]],
+            "families": families,
+        }
 
 
 _NUMERICS_SUMMARY = NumericsSummary()

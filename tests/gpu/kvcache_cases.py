@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of ``_vllm_fa2_C.fwd_kvcache`` and print one JSON line.
 
     python tests/gpu/kvcache_cases.py <artifact.so> '<json spec>'
@@ -37,17 +38,39 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from fa2patch import numerics  # noqa: E402
-from sm70_cases import (_first_line, error_of, fa2_mask, harness_main, run_mode, run_op_only, run_script,  # noqa: E402
-                        with_defaults)
+from fa2patch import numerics
+from sm70_cases import _first_line, error_of, fa2_mask, harness_main, run_mode, run_op_only, run_script, with_defaults
 
 DEFAULTS = {
-    "cache": None, "seqlen_q": 1, "seqlen_new": 0, "capacity": None, "hq": 8, "hkv": 2, "d": 128,
-    "causal": True, "window": [-1, -1], "softcap": 0.0, "alibi": False, "num_splits": 0, "scale": None,
-    "magnitude": 1.0, "repeats": 1, "seed": 0, "page_size": None, "rotary_dim": 0, "rotary_rows": None,
-    "interleaved": False, "cache_batch_idx": False, "leftpad": None, "with_seqlens_k": True,
-    "dtype": "float16", "expect_error": False, "bad_seqlens_k": None, "bad_cache_batch_idx": None,
-    "bad_leftpad": None, "bad_block_table": None,
+    "cache": None,
+    "seqlen_q": 1,
+    "seqlen_new": 0,
+    "capacity": None,
+    "hq": 8,
+    "hkv": 2,
+    "d": 128,
+    "causal": True,
+    "window": [-1, -1],
+    "softcap": 0.0,
+    "alibi": False,
+    "num_splits": 0,
+    "scale": None,
+    "magnitude": 1.0,
+    "repeats": 1,
+    "seed": 0,
+    "page_size": None,
+    "rotary_dim": 0,
+    "rotary_rows": None,
+    "interleaved": False,
+    "cache_batch_idx": False,
+    "leftpad": None,
+    "with_seqlens_k": True,
+    "dtype": "float16",
+    "expect_error": False,
+    "bad_seqlens_k": None,
+    "bad_cache_batch_idx": None,
+    "bad_leftpad": None,
+    "bad_block_table": None,
 }
 SPARE_BLOCKS = 3
 
@@ -67,8 +90,7 @@ def build_inputs(spec: dict) -> dict:
     batch, sq, new = len(spec["cache"]), spec["seqlen_q"], spec["seqlen_new"]
     hq, hkv, d, page = spec["hq"], spec["hkv"], spec["d"], spec["page_size"]
     mag = float(spec["magnitude"])
-    x = {"q": (torch.randn(batch, sq, hq, d, device=dev) * mag).to(dtype), "block_table": None,
-         "cache_batch_idx": None}
+    x = {"q": (torch.randn(batch, sq, hq, d, device=dev) * mag).to(dtype), "block_table": None, "cache_batch_idx": None}
     if page is None:
         span = spec["capacity"]
         rows = batch + (2 if spec["cache_batch_idx"] else 0)
@@ -80,7 +102,7 @@ def build_inputs(spec: dict) -> dict:
         span = per_seq * page
         num_blocks = batch * per_seq + SPARE_BLOCKS
         shape = (num_blocks, page, hkv, d)
-        x["block_table"] = torch.randperm(num_blocks)[:batch * per_seq].view(batch, per_seq).to(torch.int32).to(dev)
+        x["block_table"] = torch.randperm(num_blocks)[: batch * per_seq].view(batch, per_seq).to(torch.int32).to(dev)
     x["span"] = span  # keys a sequence can address: FA2's seqlen_k of the call
     x["kcache"] = (torch.randn(shape, device=dev) * mag).to(dtype)
     x["vcache"] = torch.randn(shape, device=dev).to(dtype)
@@ -95,9 +117,12 @@ def build_inputs(spec: dict) -> dict:
         angles = torch.arange(rows, device=dev).float().view(-1, 1) * inv_freq.view(1, -1)
         x["cos"], x["sin"] = angles.cos().to(dtype), angles.sin().to(dtype)
     x["alibi"] = (torch.rand(hq, device=dev) * 0.998 + 0.001).float() if spec["alibi"] else None
-    x["scale"] = float(spec["scale"]) if spec["scale"] is not None else d ** -0.5
-    for key, name in (("bad_seqlens_k", "seqlens_k"), ("bad_cache_batch_idx", "cache_batch_idx"),
-                      ("bad_leftpad", "leftpad")):
+    x["scale"] = float(spec["scale"]) if spec["scale"] is not None else d**-0.5
+    for key, name in (
+        ("bad_seqlens_k", "seqlens_k"),
+        ("bad_cache_batch_idx", "cache_batch_idx"),
+        ("bad_leftpad", "leftpad"),
+    ):
         if spec[key] is not None:
             x[name] = torch.tensor(spec[key], dtype=torch.int32, device=dev)
     if spec["bad_block_table"] is not None:
@@ -108,10 +133,28 @@ def build_inputs(spec: dict) -> dict:
 
 def call_op(op, spec, x, out):
     window = spec["window"]
-    return op(x["q"], x["kcache"], x["vcache"], x["knew"], x["vnew"], x["seqlens_k"], x["cos"], x["sin"],
-              x["cache_batch_idx"], x["leftpad"], x["block_table"], x["alibi"], out, x["scale"],
-              bool(spec["causal"]), int(window[0]), int(window[1]), float(spec["softcap"]),
-              bool(spec["interleaved"]), int(spec["num_splits"]))
+    return op(
+        x["q"],
+        x["kcache"],
+        x["vcache"],
+        x["knew"],
+        x["vnew"],
+        x["seqlens_k"],
+        x["cos"],
+        x["sin"],
+        x["cache_batch_idx"],
+        x["leftpad"],
+        x["block_table"],
+        x["alibi"],
+        out,
+        x["scale"],
+        bool(spec["causal"]),
+        int(window[0]),
+        int(window[1]),
+        float(spec["softcap"]),
+        bool(spec["interleaved"]),
+        int(spec["num_splits"]),
+    )
 
 
 def new_out(x):
@@ -135,7 +178,7 @@ def rotate(t, cos, sin, interleaved):
         x1, x2 = f[..., 0:rd:2], f[..., 1:rd:2]
         rot = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
     else:
-        x1, x2 = f[..., :rd // 2], f[..., rd // 2:rd]
+        x1, x2 = f[..., : rd // 2], f[..., rd // 2 : rd]
         rot = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
     return torch.cat((rot, f[..., rd:]), dim=-1).to(t.dtype)
 
@@ -145,7 +188,7 @@ def cache_rows(spec, x, cache, b, rows):
     page = spec["page_size"]
     if page is None:
         cb = int(x["cache_batch_idx"][b]) if x["cache_batch_idx"] is not None else b
-        return cache[cb, rows.start:rows.stop]
+        return cache[cb, rows.start : rows.stop]
     import torch
 
     table = x["block_table"][b].tolist()
@@ -181,7 +224,7 @@ def expected(spec, x, k0, v0):
         if new:
             knew, vnew = x["knew"][b], x["vnew"][b]
             if spec["rotary_dim"]:
-                knew = rotate(knew, x["cos"][end:end + new], x["sin"][end:end + new], spec["interleaved"])
+                knew = rotate(knew, x["cos"][end : end + new], x["sin"][end : end + new], spec["interleaved"])
                 pos = torch.arange(sq, device=q.device) + end if per_row else torch.full((sq,), end, device=q.device)
                 q = rotate(q, x["cos"][pos], x["sin"][pos], spec["interleaved"])
             put_rows(spec, x, k_exp, b, end, knew)
@@ -212,14 +255,17 @@ def run_numerics(op, spec, x) -> dict:
     result["inputs_unchanged"] = bool(torch.equal(q0, x["q"]))
 
     seqs, k_exp, v_exp = expected(spec, x, k0, v0)
-    err = max((x["kcache"].float() - k_exp.float()).abs().max().item(),
-              (x["vcache"].float() - v_exp.float()).abs().max().item())
+    err = max(
+        (x["kcache"].float() - k_exp.float()).abs().max().item(),
+        (x["vcache"].float() - v_exp.float()).abs().max().item(),
+    )
     # Appended rows: one fp16 rounding of an FP32 rotation (1 ulp of slack for the operation
     # order); every other element bitwise unchanged.
     touched = (k_exp != k0) | (v_exp != v0)
     same_elsewhere = bool(((x["kcache"] == k0) | touched).all() and ((x["vcache"] == v0) | touched).all())
-    close = bool(torch.allclose(x["kcache"].float(), k_exp.float(), rtol=2e-3, atol=2e-3)
-                 and torch.equal(x["vcache"], v_exp))
+    close = bool(
+        torch.allclose(x["kcache"].float(), k_exp.float(), rtol=2e-3, atol=2e-3) and torch.equal(x["vcache"], v_exp)
+    )
     result["cache_max_err"] = err
     result["cache_ok"] = same_elsewhere and close
 
@@ -236,7 +282,12 @@ def run_numerics(op, spec, x) -> dict:
     worst = {"max_abs": 0.0, "ratio": 0.0, "bar": None, "rel_l2_worst_seq": 0.0, "lse_max_err": 0.0}
     ok, num, den = True, 0.0, 0.0
     for b, (q, keys, values) in enumerate(seqs):
-        kw = dict(causal=mask[0], window=tuple(mask[1]), softcap=float(spec["softcap"]), alibi_slopes=x["alibi"])
+        kw = {
+            "causal": mask[0],
+            "window": tuple(mask[1]),
+            "softcap": float(spec["softcap"]),
+            "alibi_slopes": x["alibi"],
+        }
         ref, lse_ref = attention_ref(q, keys, values, x["scale"], **kw)
         ref16, _ = attention_ref(q, keys, values, x["scale"], compute_dtype=torch.float16, **kw)
         c = compare(out[b], ref, ref16)
@@ -252,15 +303,23 @@ def run_numerics(op, spec, x) -> dict:
         inf_ok = bool((got[torch.isposinf(lse_ref)] == math.inf).all())
         fin = ~torch.isposinf(lse_ref)
         e = torch.nan_to_num((got[fin] - lse_ref[fin]).abs(), nan=math.inf)
-        worst["lse_max_err"] = max(worst["lse_max_err"], e.max().item() if e.numel() else 0.0,
-                                   0.0 if inf_ok else math.inf)
+        worst["lse_max_err"] = max(
+            worst["lse_max_err"], e.max().item() if e.numel() else 0.0, 0.0 if inf_ok else math.inf
+        )
     result.update(worst)
     result["rel_l2"] = math.sqrt(num) / max(math.sqrt(den), 1e-30)
     result["finite"] = bool(torch.isfinite(out.float()).all())
-    result["ok"] = bool(ok and result["finite"] and result["rel_l2"] <= numerics.REL_L2_MAX
-                        and worst["lse_max_err"] <= numerics.LSE_ABS_MAX
-                        and result["guard_ok"] and result["returns_out"] and result["inputs_unchanged"]
-                        and result["cache_ok"] and result.get("deterministic", True))
+    result["ok"] = bool(
+        ok
+        and result["finite"]
+        and result["rel_l2"] <= numerics.REL_L2_MAX
+        and worst["lse_max_err"] <= numerics.LSE_ABS_MAX
+        and result["guard_ok"]
+        and result["returns_out"]
+        and result["inputs_unchanged"]
+        and result["cache_ok"]
+        and result.get("deterministic", True)
+    )
     return result
 
 
@@ -284,8 +343,12 @@ def run(ops, raw: dict) -> dict:
     spec = _spec(raw)
     op = ops.fwd_kvcache
     x = build_inputs(spec)
-    return run_mode(lambda: run_op_only(lambda out: call_op(op, spec, x, out), new_out(x)[1]),
-                    lambda: run_error(op, spec, x), lambda: run_numerics(op, spec, x), spec["expect_error"])
+    return run_mode(
+        lambda: run_op_only(lambda out: call_op(op, spec, x, out), new_out(x)[1]),
+        lambda: run_error(op, spec, x),
+        lambda: run_numerics(op, spec, x),
+        spec["expect_error"],
+    )
 
 
 def main(argv) -> int:

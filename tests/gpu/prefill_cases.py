@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of ``_vllm_fa2_C.gqa_prefill_fwd`` (the long-prefill route) and print one JSON line.
 
     python tests/gpu/prefill_cases.py <artifact.so> '<json spec>'
@@ -24,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-import sm70_cases  # noqa: E402
+import sm70_cases
 
 EXTRA = {"dominated": None, "vllm_cache": False, "workspace": "nan", "dtype": "float16", "seqlen_k_extra": 0}
 DEFAULTS = {"hq": 6, "hkv": 1, "d": 256, "causal": True, "scale": 1 / 16}
@@ -54,8 +55,10 @@ def adversarial(spec: dict, extra: dict, x: dict) -> None:
         def key_row(j):
             return x["k"][ids[j // page], j % page]
     else:
+
         def key_row(j):
             return k[j]
+
     gen = torch.Generator(device="cpu").manual_seed(spec["seed"] + 99)
     if extra["dominated"] == "first":
         # q_i += 16 u for every row and head, key 0 = 100 u: s(i, 0) = 100 (16 + N(0,1)) / 16 ~ 100,
@@ -91,8 +94,30 @@ def adapter(op, workspace_bytes, extra: dict):
     """gqa_prefill_fwd behind varlen_fwd's arguments, so sm70_cases' checks apply unchanged."""
     import torch
 
-    def call(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, alibi, max_sq, max_sk,
-             p_dropout, scale, zero_tensors, causal, wl, wr, softcap, return_softmax, num_splits, gen):
+    def call(
+        q,
+        k,
+        v,
+        out,
+        cu_q,
+        cu_k,
+        seqused_k,
+        leftpad_k,
+        block_table,
+        alibi,
+        max_sq,
+        max_sk,
+        p_dropout,
+        scale,
+        zero_tensors,
+        causal,
+        wl,
+        wr,
+        softcap,
+        return_softmax,
+        num_splits,
+        gen,
+    ):
         if not causal or alibi is not None or softcap or (wl, wr) != (-1, -1):
             raise ValueError("harness: the long-prefill op is causal without ALiBi, softcap or windows")
         seqlen_k = max_sk + int(extra["seqlen_k_extra"])
@@ -102,6 +127,7 @@ def adapter(op, workspace_bytes, extra: dict):
             size = need - 1 if extra["workspace"] == "short" else need
             ws = torch.full((max(0, size),), 0xFF, dtype=torch.uint8, device=q.device)  # NaN in fp16/fp32
         return op(q, k, v, out, block_table, seqlen_k, scale, ws)
+
     return call
 
 
@@ -119,9 +145,13 @@ def run(ops, raw: dict) -> dict:
         for name in ("q", "k", "v"):
             x[name] = x[name].to(getattr(torch, extra["dtype"]))
     return sm70_cases.run_mode(
-        lambda: sm70_cases.run_op_only(lambda out: sm70_cases.call_op(op, spec, x, out),
-                                       sm70_cases.new_out(x, spec["hq"], spec["d"])[1]),
-        lambda: sm70_cases.run_error(op, spec, x), lambda: sm70_cases.run_numerics(op, spec, x), spec["expect_error"])
+        lambda: sm70_cases.run_op_only(
+            lambda out: sm70_cases.call_op(op, spec, x, out), sm70_cases.new_out(x, spec["hq"], spec["d"])[1]
+        ),
+        lambda: sm70_cases.run_error(op, spec, x),
+        lambda: sm70_cases.run_numerics(op, spec, x),
+        spec["expect_error"],
+    )
 
 
 def main(argv) -> int:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE case of the long-prefill kernels' guards (the error-flag contract) and print one JSON line.
 
     python tests/gpu/prefill_guard_cases.py <artifact.so> '<json spec>'
@@ -21,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import sm70_cases  # noqa: E402
+import sm70_cases
 
 BAD_VALUES = (-1, "num_blocks", 1 << 30, -(1 << 31))
 
@@ -34,7 +35,7 @@ def reference(q, kc, vc, ids, good_page, seqlen_k, page, scale):
     hkv = kc.shape[2]
     keys = torch.arange(seqlen_k, device=q.device)
     rows, k = ids[keys // page].long(), keys % page
-    kf, vf = kc[rows, k].float(), vc[rows, k].float()               # [seqlen_k, hkv, d]
+    kf, vf = kc[rows, k].float(), vc[rows, k].float()  # [seqlen_k, hkv, d]
     keep = good_page[keys // page]
     visible = keys[None, :] <= torch.arange(sq, device=q.device)[:, None] + (seqlen_k - sq)
     mask = visible & keep[None, :]
@@ -72,7 +73,7 @@ def run(ops, spec: dict) -> dict:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        call()                                                       # eager, valid table
+        call()  # eager, valid table
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     full_out, _ = reference(q, kc, vc, ids, torch.ones(pages, dtype=torch.bool, device="cuda"), sk, page, scale)
@@ -88,11 +89,11 @@ def run(ops, spec: dict) -> dict:
         good[pos] = False
     out.fill_(float("nan"))
     graph.replay()
-    torch.cuda.synchronize()                                         # a fault would surface here
-    if os.environ.get("FA2PATCH_OP_ONLY") == "1":   # racecheck: our kernels only, no reference GEMMs
+    torch.cuda.synchronize()  # a fault would surface here
+    if os.environ.get("FA2PATCH_OP_ONLY") == "1":  # racecheck: our kernels only, no reference GEMMs
         return {"finite": bool(torch.isfinite(out).all())}
     ref_out, ref_lse = reference(q, kc, vc, ids, good, sk, page, scale)
-    empty = torch.isinf(ref_lse).T                                   # [sq, hq]: rows without keys
+    empty = torch.isinf(ref_lse).T  # [sq, hq]: rows without keys
     got, glse = out.float(), lse.clone()
     norm = ref_out.norm()
     return {
@@ -101,8 +102,9 @@ def run(ops, spec: dict) -> dict:
         "max_abs": float((got - ref_out).abs().max()),
         "lse_err": float((glse - ref_lse)[~empty.T].abs().max()) if (~empty).any() else 0.0,
         "empty_rows": int(empty.sum()),
-        "empty_rows_ok": bool((got[empty] == 0).all() and torch.isinf(glse.T[empty]).all()
-                              and (glse.T[empty] > 0).all()),
+        "empty_rows_ok": bool(
+            (got[empty] == 0).all() and torch.isinf(glse.T[empty]).all() and (glse.T[empty] > 0).all()
+        ),
         "eager_rel_l2": eager_rel_l2,
     }
 

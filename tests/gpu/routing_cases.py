@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE routing scenario of ``_vllm_fa2_C.varlen_fwd`` (patch 0004) and print one JSON line.
 
     python tests/gpu/routing_cases.py <artifact.so> '<json>'
@@ -18,8 +19,8 @@ with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
   decide         only the decisions asked for (no attention runs), route_stats()'s "profile" and
                  the lines logged
   error          one call that must raise a typed error before any launch (out untouched)
-  oom            the workspace test hook forces the out-of-memory fallback (two calls, one log line): out and LSE must be
-                 bitwise those of the exact route (the env switch at "0"), and differ in route from
+  oom            the workspace test hook forces the out-of-memory fallback (two calls, one log line): out and LSE
+                 must be bitwise those of the exact route (the env switch at "0"), and differ in route from
                  the same call without the hook
   graph          a CUDA graph captured around varlen_fwd replays with the exact route's result
   streams        two threads on two streams, each several calls on its own inputs: every result
@@ -61,8 +62,10 @@ def stats(ops, device=0) -> dict:
 
 def delta(before: dict, after: dict) -> dict:
     """What the calls between two route_stats() snapshots added, per counter group."""
-    return {group: {k: v - before[group].get(k, 0) for k, v in after[group].items() if v != before[group].get(k, 0)}
-            for group in ("routes", "fallbacks", "exact_reasons")}
+    return {
+        group: {k: v - before[group].get(k, 0) for k, v in after[group].items() if v != before[group].get(k, 0)}
+        for group in ("routes", "fallbacks", "exact_reasons")
+    }
 
 
 def call(ops, spec, inputs, out):
@@ -90,8 +93,10 @@ def exact_route(ops, spec, inputs):
 def bitwise(a, b) -> bool:
     import torch
 
-    return a.shape == b.shape and torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a.view(torch.int32),
-                                              b.view(torch.uint8) if b.dtype != torch.float32 else b.view(torch.int32))
+    return a.shape == b.shape and torch.equal(
+        a.view(torch.uint8) if a.dtype != torch.float32 else a.view(torch.int32),
+        b.view(torch.uint8) if b.dtype != torch.float32 else b.view(torch.int32),
+    )
 
 
 def logged_lines(fn):
@@ -132,7 +137,7 @@ def scenario_route(ops, spec, inputs, asked=()) -> dict:
     before = stats(ops)
 
     def run():
-        decided = decisions(ops, asked)   # first: the profile is read at the first SM70 call
+        decided = decisions(ops, asked)  # first: the profile is read at the first SM70 call
         return decided, sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
 
     (decided, result), lines = logged_lines(run)
@@ -161,15 +166,18 @@ def scenario_split_graph(ops, spec, inputs) -> dict:
     lse.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    return {"captured": captured, "identical_to_eager": bitwise(out, eager) and bitwise(lse, eager_lse),
-            "finite": bool(torch.isfinite(out).all())}
+    return {
+        "captured": captured,
+        "identical_to_eager": bitwise(out, eager) and bitwise(lse, eager_lse),
+        "finite": bool(torch.isfinite(out).all()),
+    }
 
 
 def scenario_split_oom(ops, spec, inputs) -> dict:
     import torch
 
     splits = json.loads(ops.route_stats())["split_kv"]["testing_splits"]
-    ops._routing_prefill_splits_for_testing(1)   # the unsplit exact route, same call
+    ops._routing_prefill_splits_for_testing(1)  # the unsplit exact route, same call
     ref_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
     ref_lse = call(ops, spec, inputs, ref_out)
     ops._routing_prefill_splits_for_testing(splits)
@@ -177,16 +185,19 @@ def scenario_split_oom(ops, spec, inputs) -> dict:
     try:
         before = stats(ops)
 
-        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))   # counted twice, logged once
+        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))  # counted twice, logged once
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
     before = stats(ops)
     call(ops, spec, inputs, sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1])
     torch.cuda.synchronize()
-    return {"oom": counted, "without_hook": delta(before, stats(ops)),
-            "log_lines": [line for line in lines if "splitkv_oom" in line],
-            "identical_to_unsplit": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
+    return {
+        "oom": counted,
+        "without_hook": delta(before, stats(ops)),
+        "log_lines": [line for line in lines if "splitkv_oom" in line],
+        "identical_to_unsplit": bitwise(out, ref_out) and bitwise(lse, ref_lse),
+    }
 
 
 # Ways to spoil a routing profile (routing_cases' "profile" key): each returns the file's text.
@@ -194,22 +205,24 @@ def _edit(change):
     def corrupt(doc):
         change(doc)
         return json.dumps(doc)
+
     return corrupt
 
 
 CORRUPTIONS = {
-    "bad_json": lambda doc: json.dumps(doc)[:-1],   # the closing brace cut off
+    "bad_json": lambda doc: json.dumps(doc)[:-1],  # the closing brace cut off
     "wrong_format": _edit(lambda d: d.update(format="fa2patch-routing-profile/2")),
-    "unknown_key": _edit(lambda d: d.update(decision=[])),   # a typo beside "decisions"
+    "unknown_key": _edit(lambda d: d.update(decision=[])),  # a typo beside "decisions"
     "bad_range": _edit(lambda d: d["decisions"][0].update(q=[2048, 1024])),
     "unknown_route": _edit(lambda d: d["decisions"][0].update(route="sm70-fast")),
     "other_device_name": _edit(lambda d: d["device"].update(name=d["device"]["name"] + " (another card)")),
     "other_sm_count": _edit(lambda d: d["device"].update(sms=d["device"]["sms"] + 1)),
-    "other_capability": _edit(lambda d: d["device"].update(capability=[d["device"]["capability"][0],
-                                                                       d["device"]["capability"][1] + 1])),
+    "other_capability": _edit(
+        lambda d: d["device"].update(capability=[d["device"]["capability"][0], d["device"]["capability"][1] + 1])
+    ),
     "other_sha256": _edit(lambda d: d.update(extension_sha256="0" * 64)),
-    "unreadable": None,   # the path names no file
-    "directory": None,    # the path names a folder
+    "unreadable": None,  # the path names no file
+    "directory": None,  # the path names a folder
 }
 
 
@@ -219,11 +232,15 @@ def write_profile(artifact: str, profile: dict, folder: Path) -> tuple[str, dict
     import torch
 
     props = torch.cuda.get_device_properties(0)
-    doc = {"format": "fa2patch-routing-profile/1",
-           "device": {"name": props.name, "sms": props.multi_processor_count, "capability": [props.major, props.minor]},
-           "extension_sha256": hashlib.sha256(Path(artifact).read_bytes()).hexdigest(),
-           "software": {"torch": torch.__version__, "fa2patch": "test"}, "clocks_seen": {}, "measured": [],
-           "decisions": profile.get("decisions", [])}
+    doc = {
+        "format": "fa2patch-routing-profile/1",
+        "device": {"name": props.name, "sms": props.multi_processor_count, "capability": [props.major, props.minor]},
+        "extension_sha256": hashlib.sha256(Path(artifact).read_bytes()).hexdigest(),
+        "software": {"torch": torch.__version__, "fa2patch": "test"},
+        "clocks_seen": {},
+        "measured": [],
+        "decisions": profile.get("decisions", []),
+    }
     original = json.loads(json.dumps(doc))
     corrupt = profile.get("corrupt")
     if corrupt == "unreadable":
@@ -241,16 +258,19 @@ def scenario_oom(ops, spec, inputs) -> dict:
     try:
         before = stats(ops)
 
-        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))   # counted twice, logged once
+        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))  # counted twice, logged once
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
     before = stats(ops)
     free_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
     call(ops, spec, inputs, free_out)
-    return {"oom": counted, "without_hook": delta(before, stats(ops)),
-            "log_lines": [line for line in lines if "workspace_oom" in line],
-            "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
+    return {
+        "oom": counted,
+        "without_hook": delta(before, stats(ops)),
+        "log_lines": [line for line in lines if "workspace_oom" in line],
+        "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse),
+    }
 
 
 def scenario_graph(ops, spec, inputs) -> dict:
@@ -258,7 +278,7 @@ def scenario_graph(ops, spec, inputs) -> dict:
 
     ref_out, ref_lse = exact_route(ops, spec, inputs)
     out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-    call(ops, spec, inputs, out)   # eager warm-up (long-prefill route when eligible)
+    call(ops, spec, inputs, out)  # eager warm-up (long-prefill route when eligible)
     eager_routes = json.loads(ops.route_stats())
     graph = torch.cuda.CUDAGraph()
     before = stats(ops)
@@ -269,8 +289,11 @@ def scenario_graph(ops, spec, inputs) -> dict:
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    return {"captured": captured, "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse),
-            "eager_devices": list(eager_routes["devices"])}
+    return {
+        "captured": captured,
+        "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse),
+        "eager_devices": list(eager_routes["devices"]),
+    }
 
 
 def concurrent(ops, spec, devices, streams_per_device, calls) -> dict:
@@ -285,8 +308,16 @@ def concurrent(ops, spec, devices, streams_per_device, calls) -> dict:
                 inputs = sm70_cases.build_inputs({**spec, "seed": 100 * device + s}, f"cuda:{device}")
                 alone = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
                 lse = call(ops, spec, inputs, alone)
-                jobs.append({"device": device, "inputs": inputs, "alone": (alone, lse),
-                             "stream": torch.cuda.Stream(device=device), "results": [], "error": None})
+                jobs.append(
+                    {
+                        "device": device,
+                        "inputs": inputs,
+                        "alone": (alone, lse),
+                        "stream": torch.cuda.Stream(device=device),
+                        "results": [],
+                        "error": None,
+                    }
+                )
     before = {d: stats(ops, d) for d in devices}
     start = threading.Barrier(len(jobs))
 
@@ -308,11 +339,15 @@ def concurrent(ops, spec, devices, streams_per_device, calls) -> dict:
     for t in threads:
         t.join()
     torch.cuda.synchronize()
-    return {"errors": [j["error"] for j in jobs if j["error"]],
-            "identical": all(bitwise(o, j["alone"][0]) and bitwise(l, j["alone"][1])
-                             for j in jobs for o, l in j["results"]) and all(len(j["results"]) == calls for j in jobs),
-            "routes": {str(d): delta(before[d], stats(ops, d))["routes"] for d in devices},
-            "workspace_bytes": {str(d): stats(ops, d)["workspace_bytes"] for d in devices}}
+    return {
+        "errors": [j["error"] for j in jobs if j["error"]],
+        "identical": all(
+            bitwise(o, j["alone"][0]) and bitwise(lse, j["alone"][1]) for j in jobs for o, lse in j["results"]
+        )
+        and all(len(j["results"]) == calls for j in jobs),
+        "routes": {str(d): delta(before[d], stats(ops, d))["routes"] for d in devices},
+        "workspace_bytes": {str(d): stats(ops, d)["workspace_bytes"] for d in devices},
+    }
 
 
 def scenario_tp_pair(ops, spec, inputs) -> dict:
@@ -332,22 +367,24 @@ def scenario_corrupt_graph(ops, spec, inputs) -> dict:
     import torch
 
     out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-    call(ops, spec, inputs, out)   # eager: allocates the device's error flag
+    call(ops, spec, inputs, out)  # eager: allocates the device's error flag
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         sm70_cases.call_op(ops.varlen_fwd, spec, inputs, out)
     table, used = inputs["block_table"], inputs["seqused_k"]
-    table[0, 0] = 1 << 30           # a page id far outside the cache
+    table[0, 0] = 1 << 30  # a page id far outside the cache
     table[-1, -1] = -5
-    used[-1] = 1 << 24              # keys far beyond the table's pages
+    used[-1] = 1 << 24  # keys far beyond the table's pages
     graph.replay()
     torch.cuda.synchronize()
     result = {"replayed_finite": bool(torch.isfinite(out).all())}
-    fresh = sm70_cases.build_inputs(spec, "cuda")   # valid inputs: only the flag can raise
-    result.update(sm70_cases.error_of(
-        lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda"))
+    fresh = sm70_cases.build_inputs(spec, "cuda")  # valid inputs: only the flag can raise
+    result.update(
+        sm70_cases.error_of(lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda")
+    )
     after = sm70_cases.error_of(
-        lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda")
+        lambda: call(ops, spec, fresh, sm70_cases.new_out(fresh, spec["hq"], spec["d"])[1]), "cuda"
+    )
     result["next_call_clean"] = after["raised"] is None
     return result
 
@@ -375,7 +412,7 @@ def main(argv) -> int:
     ops = torch.ops._vllm_fa2_C
     folder = tempfile.TemporaryDirectory()
     profile = {}
-    if "profile" in raw:   # before any op reads the setting (once per process)
+    if "profile" in raw:  # before any op reads the setting (once per process)
         path, profile = write_profile(argv[1], raw["profile"], Path(folder.name))
         os.environ["FA2PATCH_ROUTING_PROFILE"] = path
     ops._routing_sms_for_testing(int(routing_sms(raw.get("sms", "no_split"))))
@@ -391,19 +428,26 @@ def main(argv) -> int:
         result = scenario_tp_pair(ops, spec, None)
     else:
         inputs = sm70_cases.build_inputs(spec, "cuda")
-        inputs.update(raw.get("override", {}))   # e.g. max_seqlen_q, scale: what the call passes instead
-        if raw.get("vllm_cache"):   # k/v as views of vLLM's (num_blocks, hkv, page, 2 d) cache
+        inputs.update(raw.get("override", {}))  # e.g. max_seqlen_q, scale: what the call passes instead
+        if raw.get("vllm_cache"):  # k/v as views of vLLM's (num_blocks, hkv, page, 2 d) cache
             prefill_cases.vllm_views(spec, inputs)
         asked = raw.get("decide", [])
-        result = {"route": lambda o, sp, x: scenario_route(o, sp, x, asked),
-                  "decide": lambda o, sp, x: scenario_decide(o, sp, x, asked),
-                  "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
-                  "oom": scenario_oom, "graph": scenario_graph, "split_graph": scenario_split_graph,
-                  "split_oom": scenario_split_oom,
-                  "corrupt_graph": scenario_corrupt_graph}[scenario](ops, spec, inputs)
+        result = {
+            "route": lambda o, sp, x: scenario_route(o, sp, x, asked),
+            "decide": lambda o, sp, x: scenario_decide(o, sp, x, asked),
+            "error": lambda o, sp, x: sm70_cases.run_error(o.varlen_fwd, sp, x),
+            "oom": scenario_oom,
+            "graph": scenario_graph,
+            "split_graph": scenario_split_graph,
+            "split_oom": scenario_split_oom,
+            "corrupt_graph": scenario_corrupt_graph,
+        }[scenario](ops, spec, inputs)
     if profile:
-        result["profile_written"] = {"device": profile["device"], "extension_sha256": profile["extension_sha256"],
-                                     "path": os.environ["FA2PATCH_ROUTING_PROFILE"]}
+        result["profile_written"] = {
+            "device": profile["device"],
+            "extension_sha256": profile["extension_sha256"],
+            "path": os.environ["FA2PATCH_ROUTING_PROFILE"],
+        }
     folder.cleanup()
     result["seconds"] = round(time.perf_counter() - t0, 3)
     print(json.dumps(result))

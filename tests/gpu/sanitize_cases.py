@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The cases ci/gpu-sanitize.sh runs under compute-sanitizer, one line each:
 ``family|harness|spec`` (harness relative to the repository, spec as JSON).
 
@@ -14,12 +15,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(REPO / "tools")]
+sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(HERE))
 
-from test_long_prefill_gpu import BAD as PREFILL_BAD, SCRIPT as PREFILL  # noqa: E402
-from test_long_prefill_guard_gpu import CASES as GUARD_CASES, SCRIPT as GUARD  # noqa: E402
-from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402
-from test_routing_gpu import BASE as ROUTING_BASE, CORRUPT, SCRIPT as ROUTING  # noqa: E402
+from test_long_prefill_gpu import BAD as PREFILL_BAD, SCRIPT as PREFILL  # noqa: E402 - after the sys.path set-up
+from test_long_prefill_guard_gpu import CASES as GUARD_CASES, SCRIPT as GUARD  # noqa: E402 - after the sys.path set-up
+from test_routing_gpu import BASE as ROUTING_BASE, CORRUPT, SCRIPT as ROUTING  # noqa: E402 - after the sys.path set-up
+from test_sm70_numerics import BAD, KVCACHE_SCRIPT, SCRIPT  # noqa: E402 - after the sys.path set-up
 
 VARLEN, KVCACHE = SCRIPT, KVCACHE_SCRIPT
 FAMILIES = [
@@ -28,22 +30,57 @@ FAMILIES = [
     ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 96, "causal": True}),
     ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 192, "causal": True}),
     ("window", VARLEN, {"seqlens": [[300, 700], [5, 400]], "hq": 2, "hkv": 1, "d": 64, "window": [150, 40]}),
-    ("window", VARLEN, {"seqlens": [[1, 40], [3, 77]], "hq": 8, "hkv": 1, "d": 128, "page_size": 16,
-                        "window": [16, 0]}),
-    ("softcap_alibi", VARLEN, {"seqlens": [[70, 70]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
-                               "softcap": 30.0, "alibi": True}),
-    ("split_kv", VARLEN, {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16,
-                          "num_splits": 4}),
+    (
+        "window",
+        VARLEN,
+        {"seqlens": [[1, 40], [3, 77]], "hq": 8, "hkv": 1, "d": 128, "page_size": 16, "window": [16, 0]},
+    ),
+    (
+        "softcap_alibi",
+        VARLEN,
+        {"seqlens": [[70, 70]], "hq": 6, "hkv": 1, "d": 256, "causal": True, "softcap": 30.0, "alibi": True},
+    ),
+    (
+        "split_kv",
+        VARLEN,
+        {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 8, "hkv": 2, "d": 128, "page_size": 16, "num_splits": 4},
+    ),
     # patch 0004: split-KV on prefill (partials in q's rows, the combine's sequence search): a chunk
     # with decode rows over a paged cache, empty splits, sequences without keys or queries.
-    ("split_prefill", VARLEN, {"seqlens": [[40, 45], [1, 17], [0, 10], [33, 0], [2, 3]], "hq": 4, "hkv": 1, "d": 64,
-                               "causal": True, "page_size": 16, "prefill_splits": 4}),
-    ("split_prefill", VARLEN, {"seqlens": [[70, 300], [1, 1]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
-                               "prefill_splits": 3}),
-    ("kvcache", KVCACHE, {"cache": [0, 15, 40], "seqlen_new": 1, "rotary_dim": 64, "page_size": 16,
-                          "num_splits": 3}),
-    ("kvcache", KVCACHE, {"cache": [5, 40], "seqlen_q": 2, "seqlen_new": 2, "cache_batch_idx": True,
-                          "rotary_dim": 64, "interleaved": True, "hq": 4, "hkv": 4, "d": 64}),
+    (
+        "split_prefill",
+        VARLEN,
+        {
+            "seqlens": [[40, 45], [1, 17], [0, 10], [33, 0], [2, 3]],
+            "hq": 4,
+            "hkv": 1,
+            "d": 64,
+            "causal": True,
+            "page_size": 16,
+            "prefill_splits": 4,
+        },
+    ),
+    (
+        "split_prefill",
+        VARLEN,
+        {"seqlens": [[70, 300], [1, 1]], "hq": 6, "hkv": 1, "d": 256, "causal": True, "prefill_splits": 3},
+    ),
+    ("kvcache", KVCACHE, {"cache": [0, 15, 40], "seqlen_new": 1, "rotary_dim": 64, "page_size": 16, "num_splits": 3}),
+    (
+        "kvcache",
+        KVCACHE,
+        {
+            "cache": [5, 40],
+            "seqlen_q": 2,
+            "seqlen_new": 2,
+            "cache_batch_idx": True,
+            "rotary_dim": 64,
+            "interleaved": True,
+            "hq": 4,
+            "hkv": 4,
+            "d": 64,
+        },
+    ),
     ("kvcache", KVCACHE, {"cache": [20, 40], "leftpad": [3, 0], "seqlen_q": 3, "hq": 4, "hkv": 2, "d": 128}),
     ("long_prefill", PREFILL, {"seqlens": [[300, 1000]], "hq": 6, "hkv": 1}),
     ("long_prefill", PREFILL, {"seqlens": [[200, 9000]], "hq": 8, "hkv": 2, "page_size": 16, "vllm_cache": True}),
@@ -54,8 +91,15 @@ FAMILIES = [
     ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": CORRUPT}),
     ("routing_streams", ROUTING, {"scenario": "streams", "spec": {**ROUTING_BASE, "hq": 1}, "calls": 1}),
     # A split-KV prefill call captured in a CUDA graph and replayed.
-    ("routing_split_graph", ROUTING, {"scenario": "split_graph", "spec": {"seqlens": [[60, 200], [1, 17]], "hq": 4,
-                                      "hkv": 1, "d": 128, "causal": True, "page_size": 16}, "prefill_splits": 3}),
+    (
+        "routing_split_graph",
+        ROUTING,
+        {
+            "scenario": "split_graph",
+            "spec": {"seqlens": [[60, 200], [1, 17]], "hq": 4, "hkv": 1, "d": 128, "causal": True, "page_size": 16},
+            "prefill_splits": 3,
+        },
+    ),
 ]
 
 

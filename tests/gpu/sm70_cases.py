@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Run ONE numerics case of ``_vllm_fa2_C.varlen_fwd`` and print one JSON line.
 
     python tests/gpu/sm70_cases.py <artifact.so> '<json spec>'
@@ -62,16 +63,39 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from fa2patch import numerics  # noqa: E402
+from fa2patch import numerics
 
 DEFAULTS = {
-    "seqlens": None, "hq": 4, "hkv": 2, "d": 64, "causal": False, "window": [-1, -1],
-    "softcap": 0.0, "alibi": False, "page_size": None, "cu_seqlens_k": "cumulative",
-    "spare_blocks": 3, "extra_blocks": 0, "num_splits": 0, "scale": None, "magnitude": 1.0,
-    "strided": False, "poison": False, "repeats": 1, "seed": 0, "ref_dtype": "float32",
-    "ref_chunk_elems": 1 << 28, "lse_tol": numerics.LSE_ABS_MAX, "expect_error": False, "bad_block_table": None,
-    "bad_cu_seqlens_q": None, "bad_cu_seqlens_k": None, "bad_seqused_k": None, "misaligned": None,
-    "vllm_cache": False, "prefill_splits": 1,
+    "seqlens": None,
+    "hq": 4,
+    "hkv": 2,
+    "d": 64,
+    "causal": False,
+    "window": [-1, -1],
+    "softcap": 0.0,
+    "alibi": False,
+    "page_size": None,
+    "cu_seqlens_k": "cumulative",
+    "spare_blocks": 3,
+    "extra_blocks": 0,
+    "num_splits": 0,
+    "scale": None,
+    "magnitude": 1.0,
+    "strided": False,
+    "poison": False,
+    "repeats": 1,
+    "seed": 0,
+    "ref_dtype": "float32",
+    "ref_chunk_elems": 1 << 28,
+    "lse_tol": numerics.LSE_ABS_MAX,
+    "expect_error": False,
+    "bad_block_table": None,
+    "bad_cu_seqlens_q": None,
+    "bad_cu_seqlens_k": None,
+    "bad_seqused_k": None,
+    "misaligned": None,
+    "vllm_cache": False,
+    "prefill_splits": 1,
 }
 GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
@@ -111,8 +135,10 @@ def build_inputs(spec: dict, device) -> dict:
     sq = [a for a, _ in seqlens]
     sk = [b for _, b in seqlens]
     total_q, total_k = sum(sq), sum(sk)
-    cum = lambda xs: torch.tensor([0] + [sum(xs[:i + 1]) for i in range(len(xs))],  # noqa: E731
-                                  dtype=torch.int32, device=device)
+
+    def cum(xs):
+        return torch.tensor([0] + [sum(xs[: i + 1]) for i in range(len(xs))], dtype=torch.int32, device=device)
+
     cu_q = cum(sq)
 
     if spec["strided"]:  # vLLM's q is a view of the qkv projection: [tokens, hq + 2 hkv, d]
@@ -141,17 +167,17 @@ def build_inputs(spec: dict, device) -> dict:
     else:
         nblocks = [-(-n // page) for n in sk]
         num_blocks = sum(nblocks) + int(spec["spare_blocks"])
-        max_blocks = max(max(nblocks), 1) + int(spec["extra_blocks"])
+        max_blocks = max([*nblocks, 1]) + int(spec["extra_blocks"])
         perm = torch.randperm(num_blocks).tolist()
         table = torch.zeros(len(seqlens), max_blocks, dtype=torch.int32)
         used = torch.zeros(num_blocks, page, dtype=torch.bool)
         at = 0
-        for b, (n, nb) in enumerate(zip(sk, nblocks)):
-            ids = perm[at:at + nb]
+        for b, (n, nb) in enumerate(zip(sk, nblocks, strict=True)):
+            ids = perm[at : at + nb]
             at += nb
             table[b, :nb] = torch.tensor(ids, dtype=torch.int32)
             for j, blk in enumerate(ids):
-                used[blk, :min(page, n - j * page)] = True
+                used[blk, : min(page, n - j * page)] = True
         if spec["strided"]:  # one allocation for both caches: batch stride 2 * page * hkv * d
             kv = torch.randn(num_blocks, 2, page, hkv, d, device=device)
             kv[:, 0] *= mag
@@ -170,7 +196,7 @@ def build_inputs(spec: dict, device) -> dict:
         elif mode == "zeros":
             cu_k = torch.zeros(len(seqlens) + 1, dtype=torch.int32, device=device)
         elif mode == "garbage":
-            cu_k = torch.randint(-2**31, 2**31 - 1, (len(seqlens) + 1,), dtype=torch.int32, device=device)
+            cu_k = torch.randint(-(2**31), 2**31 - 1, (len(seqlens) + 1,), dtype=torch.int32, device=device)
         else:
             raise ValueError(f"cu_seqlens_k mode {mode!r}")
         if spec["bad_block_table"] is not None:
@@ -178,11 +204,19 @@ def build_inputs(spec: dict, device) -> dict:
             if value == "num_blocks":
                 value = num_blocks
             table[b, j] = int(value)
-        inputs.update(k=k, v=v, cu_seqlens_k=cu_k, block_table=table.to(device),
-                      seqused_k=torch.tensor(sk, dtype=torch.int32, device=device),
-                      num_blocks=num_blocks)
-    for key, name in (("bad_cu_seqlens_q", "cu_seqlens_q"), ("bad_cu_seqlens_k", "cu_seqlens_k"),
-                      ("bad_seqused_k", "seqused_k")):
+        inputs.update(
+            k=k,
+            v=v,
+            cu_seqlens_k=cu_k,
+            block_table=table.to(device),
+            seqused_k=torch.tensor(sk, dtype=torch.int32, device=device),
+            num_blocks=num_blocks,
+        )
+    for key, name in (
+        ("bad_cu_seqlens_q", "cu_seqlens_q"),
+        ("bad_cu_seqlens_k", "cu_seqlens_k"),
+        ("bad_seqused_k", "seqused_k"),
+    ):
         if spec[key] is not None:
             inputs[name] = torch.tensor(spec[key], dtype=torch.int32, device=device)
     if spec["misaligned"] is not None:  # same values, rows 2 bytes off: a [..., 1:] view of a wider tensor
@@ -190,9 +224,8 @@ def build_inputs(spec: dict, device) -> dict:
         wide = torch.zeros(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=device)
         wide[..., 1:] = t
         inputs[spec["misaligned"]] = wide[..., 1:]
-    inputs["alibi_slopes"] = ((torch.rand(hq, device=device) * 0.998 + 0.001).float()
-                              if spec["alibi"] else None)
-    inputs["scale"] = float(spec["scale"]) if spec["scale"] is not None else d ** -0.5
+    inputs["alibi_slopes"] = (torch.rand(hq, device=device) * 0.998 + 0.001).float() if spec["alibi"] else None
+    inputs["scale"] = float(spec["scale"]) if spec["scale"] is not None else d**-0.5
     inputs["max_seqlen_q"] = max(sq)
     inputs["max_seqlen_k"] = max(sk)
     inputs["total_q"] = total_q
@@ -203,20 +236,39 @@ def new_out(inputs, hq, d):
     """``out`` inside a NaN allocation with guard rows on both sides."""
     import torch
 
-    buf = torch.full((inputs["total_q"] + 2 * GUARD_ROWS, hq, d), float("nan"),
-                     dtype=torch.float16, device=inputs["q"].device)
-    return buf, buf[GUARD_ROWS:GUARD_ROWS + inputs["total_q"]]
+    buf = torch.full(
+        (inputs["total_q"] + 2 * GUARD_ROWS, hq, d), float("nan"), dtype=torch.float16, device=inputs["q"].device
+    )
+    return buf, buf[GUARD_ROWS : GUARD_ROWS + inputs["total_q"]]
 
 
 def call_op(op, spec, inputs, out):
     """varlen_fwd, positionally, with the 22 arguments of vLLM's schema."""
     window = spec["window"]
-    return op(inputs["q"], inputs["k"], inputs["v"], out,
-              inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], inputs["seqused_k"], None,
-              inputs["block_table"], inputs["alibi_slopes"],
-              inputs["max_seqlen_q"], inputs["max_seqlen_k"], 0.0, inputs["scale"], False,
-              bool(spec["causal"]), int(window[0]), int(window[1]), float(spec["softcap"]),
-              False, int(spec["num_splits"]), None)
+    return op(
+        inputs["q"],
+        inputs["k"],
+        inputs["v"],
+        out,
+        inputs["cu_seqlens_q"],
+        inputs["cu_seqlens_k"],
+        inputs["seqused_k"],
+        None,
+        inputs["block_table"],
+        inputs["alibi_slopes"],
+        inputs["max_seqlen_q"],
+        inputs["max_seqlen_k"],
+        0.0,
+        inputs["scale"],
+        False,
+        bool(spec["causal"]),
+        int(window[0]),
+        int(window[1]),
+        float(spec["softcap"]),
+        False,
+        int(spec["num_splits"]),
+        None,
+    )
 
 
 def gather_keys(spec, inputs, b):
@@ -226,7 +278,7 @@ def gather_keys(spec, inputs, b):
     page = spec["page_size"]
     if page is None:
         start = sum(n for _, n in spec["seqlens"][:b])
-        return k[start:start + sk], v[start:start + sk]
+        return k[start : start + sk], v[start : start + sk]
     nb = -(-sk // page)
     ids = [int(x) for x in inputs["block_table"][b, :nb].tolist()]
     if not ids:
@@ -270,9 +322,18 @@ def reference(spec, q, k, v, scale, alibi, dtype, mask=None):
     from fa2patch.reference import attention_ref_chunked
 
     causal, window = mask if mask is not None else (bool(spec["causal"]), tuple(spec["window"]))
-    return attention_ref_chunked(q, k, v, scale, causal=causal, window=tuple(window),
-                                 softcap=float(spec["softcap"]), alibi_slopes=alibi, compute_dtype=dtype,
-                                 max_elems=int(spec["ref_chunk_elems"]))
+    return attention_ref_chunked(
+        q,
+        k,
+        v,
+        scale,
+        causal=causal,
+        window=tuple(window),
+        softcap=float(spec["softcap"]),
+        alibi_slopes=alibi,
+        compute_dtype=dtype,
+        max_elems=int(spec["ref_chunk_elems"]),
+    )
 
 
 def run_numerics(op, spec, inputs) -> dict:
@@ -292,11 +353,19 @@ def run_numerics(op, spec, inputs) -> dict:
     seconds = time.perf_counter() - t0
     lse = ret[1] if isinstance(ret, (list, tuple)) and len(ret) >= 2 else None
     result = {"raised": None, "seconds_op": round(seconds, 4)}
-    result["returns_out"] = bool(isinstance(ret, (list, tuple)) and len(ret) == 2
-                                 and ret[0].data_ptr() == out.data_ptr() and ret[0].shape == out.shape)
-    result["guard_ok"] = bool(torch.isnan(buf[:GUARD_ROWS]).all() and torch.isnan(buf[GUARD_ROWS + out.shape[0]:]).all())
-    result["inputs_unchanged"] = all(torch.equal(a.view(torch.int16), b.view(torch.int16))
-                                     for a, b in zip(snapshot, (inputs["q"], inputs["k"], inputs["v"])))
+    result["returns_out"] = bool(
+        isinstance(ret, (list, tuple))
+        and len(ret) == 2
+        and ret[0].data_ptr() == out.data_ptr()
+        and ret[0].shape == out.shape
+    )
+    result["guard_ok"] = bool(
+        torch.isnan(buf[:GUARD_ROWS]).all() and torch.isnan(buf[GUARD_ROWS + out.shape[0] :]).all()
+    )
+    result["inputs_unchanged"] = all(
+        torch.equal(a.view(torch.int16), b.view(torch.int16))
+        for a, b in zip(snapshot, (inputs["q"], inputs["k"], inputs["v"]), strict=True)
+    )
 
     # Determinism: fresh NaN outputs each time, bitwise comparison.
     if spec["repeats"] > 1:
@@ -328,13 +397,13 @@ def run_numerics(op, spec, inputs) -> dict:
     for b, (sq, sk) in enumerate(seqlens):
         if sq == 0:
             continue
-        qb = inputs["q"][cu_q[b]:cu_q[b + 1]]
+        qb = inputs["q"][cu_q[b] : cu_q[b + 1]]
         kb, vb = gather_keys(spec, inputs, b)
         ref, lse_b = reference(spec, qb, kb, vb, inputs["scale"], inputs["alibi_slopes"], ref_dtype, mask)
         ref16, _ = reference(spec, qb, kb, vb, inputs["scale"], inputs["alibi_slopes"], torch.float16, mask)
-        c = compare(out[cu_q[b]:cu_q[b + 1]], ref, ref16)
-        ref_full[cu_q[b]:cu_q[b + 1]] = ref
-        lse_ref[:, cu_q[b]:cu_q[b + 1]] = lse_b
+        c = compare(out[cu_q[b] : cu_q[b + 1]], ref, ref16)
+        ref_full[cu_q[b] : cu_q[b + 1]] = ref
+        lse_ref[:, cu_q[b] : cu_q[b + 1]] = lse_b
         ratio = c["max_abs"] / c["bar"] if math.isfinite(c["max_abs"]) else math.inf
         if not (ratio <= worst["ratio"]) or worst["bar"] is None:
             worst["ratio"], worst["bar"] = ratio, c["bar"]
@@ -371,9 +440,16 @@ def run_numerics(op, spec, inputs) -> dict:
         if not inf_ok:
             result["lse_max_err"] = math.inf
     result["lse_ok"] = result["lse_max_err"] <= tol
-    result["ok"] = bool(ok and finite and result["rel_l2"] <= numerics.REL_L2_MAX and result["lse_ok"] and result["guard_ok"]
-                        and result["returns_out"] and result["inputs_unchanged"]
-                        and result.get("deterministic", True))
+    result["ok"] = bool(
+        ok
+        and finite
+        and result["rel_l2"] <= numerics.REL_L2_MAX
+        and result["lse_ok"]
+        and result["guard_ok"]
+        and result["returns_out"]
+        and result["inputs_unchanged"]
+        and result.get("deterministic", True)
+    )
     return result
 
 
@@ -418,7 +494,9 @@ def run_error(op, spec, inputs) -> dict:
     result = error_of(lambda: call_op(op, spec, inputs, out), out.device)
     try:
         result["out_untouched"] = bool((out == 7.0).all())
-        result["guard_ok"] = bool(torch.isnan(buf[:GUARD_ROWS]).all() and torch.isnan(buf[GUARD_ROWS + out.shape[0]:]).all())
+        result["guard_ok"] = bool(
+            torch.isnan(buf[:GUARD_ROWS]).all() and torch.isnan(buf[GUARD_ROWS + out.shape[0] :]).all()
+        )
     except Exception:
         result["out_untouched"] = result["guard_ok"] = None
     return result
@@ -471,8 +549,30 @@ def route_counts(device):
     return json.loads(torch.ops._vllm_fa2_C.route_stats())["devices"]["0"]["routes"]
 
 
-def _reference_op(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, alibi, max_sq, max_sk,
-                  p_dropout, scale, zero_tensors, causal, wl, wr, softcap, return_softmax, num_splits, gen):
+def _reference_op(
+    q,
+    k,
+    v,
+    out,
+    cu_q,
+    cu_k,
+    seqused_k,
+    leftpad_k,
+    block_table,
+    alibi,
+    max_sq,
+    max_sk,
+    p_dropout,
+    scale,
+    zero_tensors,
+    causal,
+    wl,
+    wr,
+    softcap,
+    return_softmax,
+    num_splits,
+    gen,
+):
     """A slow exact stand-in for the kernel, to check this harness without a GPU (not a reference:
     it reads the paged cache its own way, through seqused_k, and ignores cu_seqlens_k then)."""
     import torch
@@ -495,10 +595,10 @@ def _reference_op(q, k, v, out, cu_q, cu_k, seqused_k, leftpad_k, block_table, a
             kb, vb = k.reshape(-1, *k.shape[2:])[idx], v.reshape(-1, *v.shape[2:])[idx]
         else:
             ck = cu_k.tolist()
-            kb, vb = k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]
-        o, l = attention_ref(q[cq[b]:cq[b + 1]], kb, vb, scale, causal, (wl, wr), softcap, alibi)
-        out[cq[b]:cq[b + 1]] = o.half()
-        lse[:, cq[b]:cq[b + 1]] = l
+            kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
+        o, lse_b = attention_ref(q[cq[b] : cq[b + 1]], kb, vb, scale, causal, (wl, wr), softcap, alibi)
+        out[cq[b] : cq[b + 1]] = o.half()
+        lse[:, cq[b] : cq[b + 1]] = lse_b
     return [out, lse]
 
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The SM70 route inside a CUDA graph, as vLLM captures decode: capture once, change the inputs
 in place (queries, keys per sequence, new k/v), replay, and compare with an eager call on the
 same inputs: bitwise equal outputs (and caches, for fwd_kvcache's append), finite.
@@ -43,7 +44,8 @@ else:
     q = torch.randn(B, 1, hq, d, dtype=half, device=dev)
     knew = torch.randn(B, 1, hkv, d, dtype=half, device=dev)
     vnew = torch.randn_like(knew)
-    angles = torch.arange(capacity, device=dev).float().view(-1, 1) / 10000 ** (torch.arange(0, 64, 2, device=dev).float() / 64)
+    inv_freq = 10000 ** (torch.arange(0, 64, 2, device=dev).float() / 64)
+    angles = torch.arange(capacity, device=dev).float().view(-1, 1) / inv_freq
     cos, sin = angles.cos().to(half), angles.sin().to(half)
     out = torch.empty_like(q)
     def call():
@@ -82,8 +84,9 @@ print(json.dumps({"equal": equal, "finite": finite}))
 @pytest.mark.parametrize("op", ["varlen_fwd", "fwd_kvcache"])
 def test_replayed_graph_matches_eager_calls(gpu_build, op):
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(gpu_build), op], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(gpu_build), op], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["finite"] == [True] * 3, r

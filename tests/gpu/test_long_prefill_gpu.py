@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill route, ``_vllm_fa2_C.gqa_prefill_fwd`` (patch 0003), against the numerics
 contract (DESIGN.md section 7): FA2's bar, relative L2 <= 1e-3 against FP32, finite, softmax_lse
 within 1e-3, bitwise determinism where asked; and typed errors for what it does not support.
@@ -12,8 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from test_sm70_numerics import (  # noqa: F401  (runner, sm70_build_info: fixtures used by name)
-    Case, _params, check_bad_input, check_numerics, runner, sm70_build_info)
+import test_sm70_numerics
+from test_sm70_numerics import Case, _params, check_bad_input, check_numerics
+
+# test_sm70_numerics' fixtures, used here by name.
+runner = test_sm70_numerics.runner
+sm70_build_info = test_sm70_numerics.sm70_build_info
 
 SCRIPT = Path(__file__).with_name("prefill_cases.py")
 CASES: list[Case] = []
@@ -71,8 +76,14 @@ for kv in range(40000, 128001, 8000):
     case(f"q8000-kv{kv}-contig", (8000, kv), slow=kv >= 88000, family="long_prefill_workload")
 for kv in (40000, 128000):
     case(f"q8000-kv{kv}-paged16", (8000, kv), page_size=16, slow=kv > 40000, family="long_prefill_workload")
-case("q8000-kv128000-vllm-cache-p16", (8000, 128000), page_size=16, vllm_cache=True, slow=True,
-     family="long_prefill_workload")
+case(
+    "q8000-kv128000-vllm-cache-p16",
+    (8000, 128000),
+    page_size=16,
+    vllm_cache=True,
+    slow=True,
+    family="long_prefill_workload",
+)
 case("q1024-kv262144", (1024, 262144), slow=True, family="long_prefill_workload")
 case("q1024-kv262144-paged16", (1024, 262144), page_size=16, slow=True, family="long_prefill_workload")
 case("q16384-kv32768-g16", (16384, 32768), hq=16, hkv=1, slow=True, family="long_prefill_workload")
@@ -80,9 +91,16 @@ case("q16384-kv65536-hq8-hkv2", (16384, 65536), hq=8, hkv=2, slow=True, family="
 
 
 def bad(name, expect, seqlens=(100, 300), sanitize=False, **spec):
-    BAD.append(Case("long_prefill_bad", name, {"seqlens": [list(seqlens)], "expect_error": True,
-                                               "seed": 4000 + len(BAD), **spec},
-                    expect={"out_untouched": True, **expect}, script=SCRIPT, sanitize=sanitize))
+    BAD.append(
+        Case(
+            "long_prefill_bad",
+            name,
+            {"seqlens": [list(seqlens)], "expect_error": True, "seed": 4000 + len(BAD), **spec},
+            expect={"out_untouched": True, **expect},
+            script=SCRIPT,
+            sanitize=sanitize,
+        )
+    )
 
 
 bad("head-dim-128", {"message": "head dim"}, d=128)

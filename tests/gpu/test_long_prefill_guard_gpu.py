@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill kernels' guards (the error-flag contract, sm70/guard.h) on the GPU: a captured
 graph replayed with a corrupted block_table (the op cannot check it on the device during capture)
 never faults, stays finite, and gives the corrupted pages' keys no weight, against an FP32
@@ -26,8 +27,13 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_long_prefill_guard_replayed_graph_with_bad_pages(name, gpu_build):
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(gpu_build), json.dumps(CASES[name])],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(gpu_build), json.dumps(CASES[name])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["eager_rel_l2"] <= 1e-3, r

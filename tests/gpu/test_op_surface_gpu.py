@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The op surface of patch 0001 on a real GPU: what the build declares, what the SM70 route
 accepts, and typed errors (no crash, nothing written) for what it refuses."""
 
@@ -13,9 +14,17 @@ FORCE = {"FA2PATCH_FORCE_SM70": "1"}
 
 @pytest.fixture(scope="module")
 def build_info(gpu_build):
-    out = subprocess.run([sys.executable, "-c", "import sys, torch; torch.ops.load_library(sys.argv[1]);"
-                          " print(torch.ops._vllm_fa2_C.build_info())", str(gpu_build)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch; torch.ops.load_library(sys.argv[1]); print(torch.ops._vllm_fa2_C.build_info())",
+            str(gpu_build),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -60,9 +69,12 @@ def test_unforced_route_without_sm80_kernels_is_refused(call_op, build_info):
 
 def test_smoke_launches_every_declared_route(gpu_build, build_info):
     arch = gpu_build.parent.name
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "smoke", "--arch", arch, "--json"],
-                          capture_output=True, text=True,
-                          env={**os.environ, "FA2PATCH_ROOT": str(gpu_build.parents[2])})
+    proc = subprocess.run(
+        [sys.executable, "-m", "fa2patch", "smoke", "--arch", arch, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FA2PATCH_ROOT": str(gpu_build.parents[2])},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["ok"] is True

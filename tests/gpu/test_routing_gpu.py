@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Routing inside varlen_fwd (patch 0004; docs/DESIGN.md §4, §8), with the SM70 kernels forced.
 
 Each scenario runs ``routing_cases.py`` in its own subprocess (sm70_cases.py's inputs, FP32
@@ -26,11 +27,21 @@ BASE = {"seqlens": [[1024, 16384]], "hq": 4, "hkv": 1, "d": 256, "causal": True,
 
 def run(gpu_build, scenario, spec, env=None, timeout=600, override=None, vllm_cache=False, sms="no_split", **extra):
     """extra: routing_cases' other keys (prefill_splits, profile, decide)."""
-    raw = {"scenario": scenario, "spec": spec, "override": override or {}, "vllm_cache": vllm_cache, "sms": sms,
-           **extra}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(gpu_build), json.dumps(raw)],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "FA2PATCH_FORCE_SM70": "1", **(env or {})})
+    raw = {
+        "scenario": scenario,
+        "spec": spec,
+        "override": override or {},
+        "vllm_cache": vllm_cache,
+        "sms": sms,
+        **extra,
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(gpu_build), json.dumps(raw)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "FA2PATCH_FORCE_SM70": "1", **(env or {})},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -65,7 +76,7 @@ def test_routing_table(gpu_build, name, change, env, group, key):
     assert r["routes"] == {route: 1}, r
     if group != "routes":
         assert r[group] == {key: 1}, r
-    assert r["ok"], r   # the numerics contract against FP32, on whichever route ran
+    assert r["ok"], r  # the numerics contract against FP32, on whichever route ran
 
 
 def test_routing_takes_vllms_cache_views(gpu_build):
@@ -84,8 +95,8 @@ def test_routing_invalid_env_value_is_a_value_error(gpu_build):
 def test_routing_forced_oom_gives_the_exact_route_bitwise(gpu_build):
     r = run(gpu_build, "oom", BASE)
     assert r["oom"]["fallbacks"] == {"workspace_oom": 2} and r["oom"]["routes"] == {EXACT: 2}, r
-    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r   # logged once per device and reason
-    assert r["without_hook"]["routes"] == {PREFILL: 1}, r   # the same call routes normally again
+    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r  # logged once per device and reason
+    assert r["without_hook"]["routes"] == {PREFILL: 1}, r  # the same call routes normally again
     assert r["identical_to_exact"], r
 
 
@@ -107,15 +118,16 @@ def test_routing_two_devices_two_threads(gpu_build):
         pytest.skip(r["skipped"])
     assert r["errors"] == [] and r["identical"], r
     assert r["routes"] == {"0": {PREFILL: 3}, "1": {PREFILL: 3}}, r
-    assert all(b > 0 for b in r["workspace_bytes"].values()), r   # one workspace per device
+    assert all(b > 0 for b in r["workspace_bytes"].values()), r  # one workspace per device
 
 
 def test_routing_tensor_parallel_ranks_route_alike(gpu_build):
     r = run(gpu_build, "tp_pair", BASE)
     if "skipped" in r:
         pytest.skip(r["skipped"])
-    assert r["per_device"]["0"] == r["per_device"]["1"] == {"routes": {PREFILL: 1}, "fallbacks": {},
-                                                            "exact_reasons": {}}, r
+    assert (
+        r["per_device"]["0"] == r["per_device"]["1"] == {"routes": {PREFILL: 1}, "fallbacks": {}, "exact_reasons": {}}
+    ), r
 
 
 # A small paged batch inside a captured graph, then block_table and seqused_k corrupted in place.
@@ -126,7 +138,7 @@ def test_routing_corrupted_graph_inputs_set_the_error_flag(gpu_build):
     r = run(gpu_build, "corrupt_graph", CORRUPT)
     assert r["replayed_finite"], r
     assert r["raised"] == "IndexError" and "previous call" in r["message"], r
-    assert r["device_ok"] and r["next_call_clean"], r   # reported once, then cleared
+    assert r["device_ok"] and r["next_call_clean"], r  # reported once, then cleared
 
 
 # Host-side typed errors before any launch (issue 11 item 4): sequences longer than the max_seqlen
@@ -154,8 +166,15 @@ def test_routing_host_checks_raise_value_error_before_any_launch(gpu_build, name
 # --- Split-KV on the exact route (issue 17 item 4; the numerics: test_sm70_numerics' split_prefill) ---
 
 SPLIT = "sm70-dense-splitkv"
-SPLIT_SPEC = {"seqlens": [[300, 2049], [1, 17], [1, 300]], "hq": 6, "hkv": 1, "d": 256, "causal": True,
-              "page_size": 16, "seed": 5}
+SPLIT_SPEC = {
+    "seqlens": [[300, 2049], [1, 17], [1, 300]],
+    "hq": 6,
+    "hkv": 1,
+    "d": 256,
+    "causal": True,
+    "page_size": 16,
+    "seed": 5,
+}
 
 
 def test_split_prefill_in_a_cuda_graph_replays_the_eager_result(gpu_build):
@@ -169,7 +188,7 @@ def test_split_prefill_in_a_cuda_graph_replays_the_eager_result(gpu_build):
 def test_split_prefill_out_of_memory_takes_the_unsplit_route_bitwise(gpu_build):
     r = run(gpu_build, "split_oom", SPLIT_SPEC, prefill_splits=3)
     assert r["oom"]["fallbacks"] == {"splitkv_oom": 2} and r["oom"]["routes"] == {EXACT: 2}, r
-    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r   # logged once per device and reason
+    assert len(r["log_lines"]) == 1 and "cuda:0" in r["log_lines"][0], r  # logged once per device and reason
     assert r["without_hook"]["routes"] == {SPLIT: 1}, r
     assert r["identical_to_unsplit"], r
 
@@ -192,43 +211,94 @@ DECIDE_BASE = {"heads_q": 4, "heads_k": 1, "head_dim": 256, "max_seqlen_q": 1024
 # call, shown by route_stats; every call also meets the numerics contract.
 PROFILE_TABLE = [
     # The built-in rule would take the long-prefill route; the profile says exact.
-    ("exact", {}, "no_split", [{**AT_BASE, "route": EXACT}],
-     {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
-    ("exact-splitkv", {}, "no_split", [{**AT_BASE, "route": EXACT, "splits": 3}],
-     {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
+    (
+        "exact",
+        {},
+        "no_split",
+        [{**AT_BASE, "route": EXACT}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
+    (
+        "exact-splitkv",
+        {},
+        "no_split",
+        [{**AT_BASE, "route": EXACT, "splits": 3}],
+        {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
     # The built-in rule would keep the exact route (max_seqlen_k below the range); the profile says
     # long-prefill.
-    ("long-prefill", {"seqlens": [[1024, 16000]]}, "no_split",
-     [{**AT_BASE, "kv": [16000, 16001], "route": PREFILL}],
-     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    (
+        "long-prefill",
+        {"seqlens": [[1024, 16000]]},
+        "no_split",
+        [{**AT_BASE, "kv": [16000, 16001], "route": PREFILL}],
+        {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}},
+    ),
     # Below the built-in rule's range ("short").
-    ("long-prefill-short-call", {"seqlens": [[512, 4096]]}, "no_split",
-     [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 16384], "route": PREFILL}],
-     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    (
+        "long-prefill-short-call",
+        {"seqlens": [[512, 4096]]},
+        "no_split",
+        [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 16384], "route": PREFILL}],
+        {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}},
+    ),
     # The first matching decision wins.
-    ("first-match-wins", {}, "no_split",
-     [{"group": 4, "head_dim": 256, "q": [0, 1 << 20], "kv": [0, 1 << 30], "route": EXACT, "splits": 2},
-      {**AT_BASE, "route": PREFILL}],
-     {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}}),
+    (
+        "first-match-wins",
+        {},
+        "no_split",
+        [
+            {"group": 4, "head_dim": 256, "q": [0, 1 << 20], "kv": [0, 1 << 30], "route": EXACT, "splits": 2},
+            {**AT_BASE, "route": PREFILL},
+        ],
+        {"routes": {SPLIT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
     # Half-open ranges: q = [0, 1024) does not hold 1024; no decision matches, the built-in rule applies.
-    ("no-match-half-open", {}, "no_split",
-     [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 1 << 30], "route": EXACT}],
-     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
-    ("no-match-other-group", {}, "no_split", [{**AT_BASE, "group": 8, "route": EXACT}],
-     {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}}),
+    (
+        "no-match-half-open",
+        {},
+        "no_split",
+        [{"group": 4, "head_dim": 256, "q": [0, 1024], "kv": [0, 1 << 30], "route": EXACT}],
+        {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}},
+    ),
+    (
+        "no-match-other-group",
+        {},
+        "no_split",
+        [{**AT_BASE, "group": 8, "route": EXACT}],
+        {"routes": {PREFILL: 1}, "exact_reasons": {}, "fallbacks": {}},
+    ),
     # A decision whose route the call cannot take: ignored, the built-in rule applies.
-    ("ineligible-long-prefill-for-a-batch", {"seqlens": [[1024, 16384], [1, 300]]}, "no_split",
-     [{**AT_BASE, "route": PREFILL}],
-     {"routes": {EXACT: 1}, "exact_reasons": {"batch": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
-    ("ineligible-splits-for-decode", {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128}, "no_split",
-     [{"group": 4, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": EXACT, "splits": 3}],
-     {"routes": {EXACT: 1}, "exact_reasons": {"head_dim": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+    (
+        "ineligible-long-prefill-for-a-batch",
+        {"seqlens": [[1024, 16384], [1, 300]]},
+        "no_split",
+        [{**AT_BASE, "route": PREFILL}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"batch": 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
+    (
+        "ineligible-splits-for-decode",
+        {"seqlens": [[1, 300]], "hq": 8, "hkv": 2, "d": 128},
+        "no_split",
+        [{"group": 4, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": EXACT, "splits": 3}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"head_dim": 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
     # A sliding window: tune measures full causal calls only, so every decision is ineligible for a
     # windowed call (spec: "Sliding-window calls"), a split-KV one included.
-    ("ineligible-splits-for-a-window", {"window": [512, 0]}, "no_split", [{**AT_BASE, "route": EXACT, "splits": 3}],
-     {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
-    ("ineligible-exact-for-a-window", {"window": [512, 0]}, "no_split", [{**AT_BASE, "route": EXACT}],
-     {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}}),
+    (
+        "ineligible-splits-for-a-window",
+        {"window": [512, 0]},
+        "no_split",
+        [{**AT_BASE, "route": EXACT, "splits": 3}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
+    (
+        "ineligible-exact-for-a-window",
+        {"window": [512, 0]},
+        "no_split",
+        [{**AT_BASE, "route": EXACT}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
 ]
 
 
@@ -236,35 +306,47 @@ PROFILE_TABLE = [
 def test_profile_routes_the_call(gpu_build, name, change, sms, decisions, expected):
     r = run(gpu_build, "route", {**BASE, **change, "seed": 21}, sms=sms, profile={"decisions": decisions})
     written = r["profile_written"]
-    assert r["profile"] == {"path": written["path"], "status": "in use", "device": written["device"]["name"],
-                            "decisions": len(decisions)}, r
+    assert r["profile"] == {
+        "path": written["path"],
+        "status": "in use",
+        "device": written["device"]["name"],
+        "decisions": len(decisions),
+    }, r
     assert {g: r[g] for g in expected} == expected, r
-    assert r["ok"], r   # the numerics contract, on whichever route ran
+    assert r["ok"], r  # the numerics contract, on whichever route ran
     assert not [line for line in r["log_lines"] if "refused" in line], r
 
 
 def test_profile_decisions_without_running_attention(gpu_build):
     """_routing_decide_for_testing under a profile: first match, half-open bounds, eligibility, and
     the built-in rule where nothing matches."""
-    decisions = [{"group": 6, "head_dim": 256, "q": [2048, 8192], "kv": [32768, 1 << 20], "route": EXACT, "splits": 3},
-                 {"group": 6, "head_dim": 256, "q": [1024, 2048], "kv": [16384, 1 << 20], "route": PREFILL},
-                 {"group": 4, "head_dim": 128, "q": [0, 1 << 20], "kv": [0, 1 << 20], "route": EXACT, "splits": 2}]
+    decisions = [
+        {"group": 6, "head_dim": 256, "q": [2048, 8192], "kv": [32768, 1 << 20], "route": EXACT, "splits": 3},
+        {"group": 6, "head_dim": 256, "q": [1024, 2048], "kv": [16384, 1 << 20], "route": PREFILL},
+        {"group": 4, "head_dim": 128, "q": [0, 1 << 20], "kv": [0, 1 << 20], "route": EXACT, "splits": 2},
+    ]
     g6 = {"heads_q": 6, "heads_k": 1, "head_dim": 256}
     asked = [
-        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768},                # decision 0
-        {**g6, "max_seqlen_q": 8192, "max_seqlen_k": 32768},                # q == hi: no match
-        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32767},                # kv < lo: no match
-        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384},                # decision 1
-        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "batch": 2},    # decision 1, ineligible
-        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "causal": False},   # ineligible
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768},  # decision 0
+        {**g6, "max_seqlen_q": 8192, "max_seqlen_k": 32768},  # q == hi: no match
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32767},  # kv < lo: no match
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384},  # decision 1
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "batch": 2},  # decision 1, ineligible
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "causal": False},  # ineligible
         {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 5000},  # decision 2
-        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 5000},   # decode
-        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 0},     # no keys
-        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_left": 1024},   # decision 0, window
-        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "window_size_right": 64},    # decision 1, window
-        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 5000,
-         "window_size_left": 0},                                                          # decision 2, window
-        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_right": 0},     # causal: decision 0
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 5000},  # decode
+        {"heads_q": 32, "heads_k": 8, "head_dim": 128, "max_seqlen_q": 77, "max_seqlen_k": 0},  # no keys
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_left": 1024},  # decision 0, window
+        {**g6, "max_seqlen_q": 1024, "max_seqlen_k": 16384, "window_size_right": 64},  # decision 1, window
+        {
+            "heads_q": 32,
+            "heads_k": 8,
+            "head_dim": 128,
+            "max_seqlen_q": 77,
+            "max_seqlen_k": 5000,
+            "window_size_left": 0,
+        },  # decision 2, window
+        {**g6, "max_seqlen_q": 4096, "max_seqlen_k": 32768, "window_size_right": 0},  # causal: decision 0
     ]
     r = run(gpu_build, "decide", BASE, sms="device", profile={"decisions": decisions}, decide=asked)
     got = [(d["route"], d["splits"], d["by"], d["profile_ineligible"]) for d in r["decided"]]
@@ -277,7 +359,7 @@ def test_profile_decisions_without_running_attention(gpu_build):
     assert got[7] == (EXACT, 1, "builtin", "decode") and got[8] == (EXACT, 1, "builtin", "no_keys"), r
     # A window (left >= 0, or right > 0: right = 0 is the causal default) makes every decision ineligible.
     assert got[9:12] == [(EXACT, 1, "builtin", "window")] * 3, r
-    assert [d["reason"] for d in r["decided"][9:12]] == ["window", "window", "head_dim"], r   # the first unfit
+    assert [d["reason"] for d in r["decided"][9:12]] == ["window", "window", "head_dim"], r  # the first unfit
     assert got[12] == (SPLIT, 3, "profile", None), r
     assert r["profile"]["status"] == "in use" and r["profile"]["decisions"] == 3, r
 
@@ -285,17 +367,33 @@ def test_profile_decisions_without_running_attention(gpu_build):
 def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):
     """Without a profile: the built-in rule (at the SM count "no_split": never a split) and the
     split-KV test hook, which takes every call with max_seqlen_q >= 2 and keys."""
-    asked = [DECIDE_BASE, {**DECIDE_BASE, "batch": 2}, {**DECIDE_BASE, "head_dim": 128},
-             {**DECIDE_BASE, "max_seqlen_q": 1023}, {**DECIDE_BASE, "window_size_left": 100},
-             {**DECIDE_BASE, "softcap": 30.0}, {**DECIDE_BASE, "alibi": True}]
+    asked = [
+        DECIDE_BASE,
+        {**DECIDE_BASE, "batch": 2},
+        {**DECIDE_BASE, "head_dim": 128},
+        {**DECIDE_BASE, "max_seqlen_q": 1023},
+        {**DECIDE_BASE, "window_size_left": 100},
+        {**DECIDE_BASE, "softcap": 30.0},
+        {**DECIDE_BASE, "alibi": True},
+    ]
     r = run(gpu_build, "decide", BASE, decide=asked)
     got = [(d["route"], d["by"], d["reason"]) for d in r["decided"]]
-    assert got == [(PREFILL, "builtin", None), (EXACT, "builtin", "batch"), (EXACT, "builtin", "head_dim"),
-                   (EXACT, "builtin", "short"), (EXACT, "builtin", "window"), (EXACT, "builtin", "softcap"),
-                   (EXACT, "builtin", "alibi")], r
+    assert got == [
+        (PREFILL, "builtin", None),
+        (EXACT, "builtin", "batch"),
+        (EXACT, "builtin", "head_dim"),
+        (EXACT, "builtin", "short"),
+        (EXACT, "builtin", "window"),
+        (EXACT, "builtin", "softcap"),
+        (EXACT, "builtin", "alibi"),
+    ], r
     assert r["profile"] is None, r
-    hooked = [DECIDE_BASE, {**DECIDE_BASE, "max_seqlen_q": 2}, {**DECIDE_BASE, "max_seqlen_q": 1},
-              {**DECIDE_BASE, "max_seqlen_k": 0}]
+    hooked = [
+        DECIDE_BASE,
+        {**DECIDE_BASE, "max_seqlen_q": 2},
+        {**DECIDE_BASE, "max_seqlen_q": 1},
+        {**DECIDE_BASE, "max_seqlen_k": 0},
+    ]
     r = run(gpu_build, "decide", BASE, decide=hooked, prefill_splits=4)
     got = [(d["route"], d["splits"], d["by"]) for d in r["decided"]]
     assert got == [(SPLIT, 4, "test_hook"), (SPLIT, 4, "test_hook"), (EXACT, 1, "builtin"), (EXACT, 1, "builtin")], r
@@ -307,15 +405,26 @@ def test_builtin_split_rule(gpu_build):
     (F + n) / (F + ceil(n / s)) for n = 512 key blocks of 32 and F = 32: 1.89, 2.68, 3.40 for
     s = 2, 3, 4, so 4; a batch, a window, a non-causal call and a decode call are never split; and
     with whole waves of one SM (sms="no_split") splitting only adds waves."""
-    asked = [{**DECIDE_BASE, "head_dim": 128}, {**DECIDE_BASE, "max_seqlen_q": 1023},
-             {**DECIDE_BASE, "head_dim": 128, "batch": 2}, {**DECIDE_BASE, "head_dim": 128, "window_size_left": 100},
-             {**DECIDE_BASE, "head_dim": 128, "causal": False}, {**DECIDE_BASE, "head_dim": 128, "max_seqlen_q": 1},
-             DECIDE_BASE]
+    asked = [
+        {**DECIDE_BASE, "head_dim": 128},
+        {**DECIDE_BASE, "max_seqlen_q": 1023},
+        {**DECIDE_BASE, "head_dim": 128, "batch": 2},
+        {**DECIDE_BASE, "head_dim": 128, "window_size_left": 100},
+        {**DECIDE_BASE, "head_dim": 128, "causal": False},
+        {**DECIDE_BASE, "head_dim": 128, "max_seqlen_q": 1},
+        DECIDE_BASE,
+    ]
     split = run(gpu_build, "decide", BASE, sms="split", decide=asked)
     got = [(d["route"], d["splits"], d["by"], d["reason"]) for d in split["decided"]]
-    assert got == [(SPLIT, 4, "builtin", "head_dim"), (SPLIT, 4, "builtin", "short"), (EXACT, 1, "builtin", "batch"),
-                   (EXACT, 1, "builtin", "window"), (EXACT, 1, "builtin", "not_causal"),
-                   (EXACT, 1, "builtin", "head_dim"), (PREFILL, 1, "builtin", None)], split
+    assert got == [
+        (SPLIT, 4, "builtin", "head_dim"),
+        (SPLIT, 4, "builtin", "short"),
+        (EXACT, 1, "builtin", "batch"),
+        (EXACT, 1, "builtin", "window"),
+        (EXACT, 1, "builtin", "not_causal"),
+        (EXACT, 1, "builtin", "head_dim"),
+        (PREFILL, 1, "builtin", None),
+    ], split
     unsplit = run(gpu_build, "decide", BASE, sms="no_split", decide=asked[:2])
     assert [(d["route"], d["splits"]) for d in unsplit["decided"]] == [(EXACT, 1), (EXACT, 1)], unsplit
     # And a call that runs: the built-in split meets the numerics contract and is counted.
@@ -353,18 +462,29 @@ REFUSALS = [
 
 @pytest.mark.parametrize("corrupt,words", REFUSALS, ids=[t[0] for t in REFUSALS])
 def test_refused_profile_is_logged_once_and_the_builtin_rule_applies(gpu_build, corrupt, words):
-    r = run(gpu_build, "route", {**BASE, "seed": 31},
-            profile={"decisions": [{**AT_BASE, "route": EXACT}], "corrupt": corrupt}, decide=[DECIDE_BASE])
+    r = run(
+        gpu_build,
+        "route",
+        {**BASE, "seed": 31},
+        profile={"decisions": [{**AT_BASE, "route": EXACT}], "corrupt": corrupt},
+        decide=[DECIDE_BASE],
+    )
     w = r["profile_written"]
-    facts = {"name": w["device"]["name"], "sms": w["device"]["sms"], "sms_plus_1": w["device"]["sms"] + 1,
-             "major": w["device"]["capability"][0], "minor": w["device"]["capability"][1],
-             "minor_plus_1": w["device"]["capability"][1] + 1, "sha": w["extension_sha256"]}
+    facts = {
+        "name": w["device"]["name"],
+        "sms": w["device"]["sms"],
+        "sms_plus_1": w["device"]["sms"] + 1,
+        "major": w["device"]["capability"][0],
+        "minor": w["device"]["capability"][1],
+        "minor_plus_1": w["device"]["capability"][1] + 1,
+        "sha": w["extension_sha256"],
+    }
     assert r["profile"]["status"] == "refused" and r["profile"]["path"] == w["path"], r
     reason = r["profile"]["reason"]
     for word in words:
         assert word.format(**facts) in reason, (word, r)
     refused = [line for line in r["log_lines"] if "routing profile" in line]
-    assert len(refused) == 1 and w["path"] in refused[0] and reason in refused[0], r   # one line, the whole reason
+    assert len(refused) == 1 and w["path"] in refused[0] and reason in refused[0], r  # one line, the whole reason
     # The built-in rule: the long-prefill route for BASE (the decision said exact; it was not used).
     assert r["decided"][0]["by"] == "builtin" and r["decided"][0]["route"] == PREFILL, r
     assert r["routes"] == {PREFILL: 1} and r["fallbacks"] == {} and r["ok"], r

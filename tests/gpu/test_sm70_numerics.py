@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The numerics contract of the SM70 route (docs/DESIGN.md §7), on any GPU.
 
 Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=1 (a crash or a
@@ -26,7 +27,7 @@ import pytest
 
 from fa2patch.numerics import LSE_ABS_MAX, REL_L2_MAX
 
-SCRIPT = Path(__file__).with_name("sm70_cases.py")             # varlen_fwd cases
+SCRIPT = Path(__file__).with_name("sm70_cases.py")  # varlen_fwd cases
 KVCACHE_SCRIPT = Path(__file__).with_name("kvcache_cases.py")  # fwd_kvcache cases
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 FORCE = {"FA2PATCH_FORCE_SM70": "1"}
@@ -61,8 +62,8 @@ class Case:
 # about 17 TFLOP/s).
 
 PREFILL = [(1, 1), (37, 90), (128, 128), (0, 5), (5, 0)]
-DECODE = [(1, 1), (1, 15), (1, 16), (1, 17), (1, 300), (1, 513)]          # block boundaries
-CHUNKED = [(16, 300), (1, 17), (40, 40), (7, 513), (0, 33)]               # chunked prefill
+DECODE = [(1, 1), (1, 15), (1, 16), (1, 17), (1, 300), (1, 513)]  # block boundaries
+CHUNKED = [(16, 300), (1, 17), (40, 40), (7, 513), (0, 33)]  # chunked prefill
 NUMERICS: list[Case] = []
 
 
@@ -84,34 +85,66 @@ for d in (32, 40, 64, 80, 96, 128, 192, 256):
 # reference model's 6:1 at head dim 256.
 for hq, hkv, d in ((2, 2, 64), (4, 2, 64), (12, 2, 64), (16, 2, 64), (6, 1, 256)):
     for causal in (False, True):
-        case("gqa", f"hq{hq}-hkv{hkv}-d{d}-{mode(causal)}",
-             seqlens=[(1, 1), (33, 70), (96, 96), (3, 0), (100, 37)], hq=hq, hkv=hkv, d=d, causal=causal)
+        case(
+            "gqa",
+            f"hq{hq}-hkv{hkv}-d{d}-{mode(causal)}",
+            seqlens=[(1, 1), (33, 70), (96, 96), (3, 0), (100, 37)],
+            hq=hq,
+            hkv=hkv,
+            d=d,
+            causal=causal,
+        )
 
 # Sliding window.
-WIN_SEQS = PREFILL + [(60, 40)]
+WIN_SEQS = [*PREFILL, (60, 40)]
 case("window", "16-0-causal-d128", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, causal=True, window=[16, 0])
 case("window", "16-0-full-d64", seqlens=WIN_SEQS, hq=4, hkv=2, d=64, window=[16, 0])
 case("window", "8-8-full-d128", seqlens=WIN_SEQS, hq=4, hkv=2, d=128, window=[8, 8])
 case("window", "8-8-causal-d64", seqlens=WIN_SEQS, hq=4, hkv=1, d=64, causal=True, window=[8, 8])
 case("window", "0-0-full-d64", seqlens=WIN_SEQS, hq=2, hkv=2, d=64, window=[0, 0])
 # Windows wider than a block: unmasked blocks between the masked edges of both sides.
-case("window", "100-0-causal-long-d128", seqlens=[(300, 700), (64, 64), (1, 500), (90, 33)], hq=4, hkv=2,
-     d=128, causal=True, window=[100, 0])
-case("window", "150-40-full-long-d64", seqlens=[(300, 700), (200, 180), (5, 400)], hq=4, hkv=1, d=64,
-     window=[150, 40])
-case("window", "100-0-paged-p48-d256", seqlens=[(130, 600), (1, 97)], hq=6, hkv=1, d=256, causal=True,
-     window=[100, 0], page_size=48)
+case(
+    "window",
+    "100-0-causal-long-d128",
+    seqlens=[(300, 700), (64, 64), (1, 500), (90, 33)],
+    hq=4,
+    hkv=2,
+    d=128,
+    causal=True,
+    window=[100, 0],
+)
+case("window", "150-40-full-long-d64", seqlens=[(300, 700), (200, 180), (5, 400)], hq=4, hkv=1, d=64, window=[150, 40])
+case(
+    "window",
+    "100-0-paged-p48-d256",
+    seqlens=[(130, 600), (1, 97)],
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    window=[100, 0],
+    page_size=48,
+)
 case("window", "64-32-long-d96", seqlens=[(200, 300), (300, 200)], hq=2, hkv=1, d=96, window=[64, 32])
-case("window", "16-0-paged-decode", seqlens=[(1, 100), (1, 5), (1, 40)], hq=8, hkv=2, d=128,
-     causal=True, window=[16, 0], page_size=16)   # a window disables the seqlen_q/ngroups swap
+case(
+    "window",
+    "16-0-paged-decode",
+    seqlens=[(1, 100), (1, 5), (1, 40)],
+    hq=8,
+    hkv=2,
+    d=128,
+    causal=True,
+    window=[16, 0],
+    page_size=16,
+)  # a window disables the seqlen_q/ngroups swap
 
 # Softcap.
 for causal in (False, True):
     case("softcap", f"30-{mode(causal)}-d128", seqlens=PREFILL, hq=4, hkv=2, d=128, causal=causal, softcap=30.0)
-case("softcap", "30-saturated-d64", seqlens=PREFILL, hq=4, hkv=2, d=64, softcap=30.0, magnitude=10.0,
-     ref_dtype="float64")
-case("softcap", "30-paged-decode-d256", seqlens=DECODE, hq=8, hkv=4, d=256, causal=True, softcap=30.0,
-     page_size=16)
+case(
+    "softcap", "30-saturated-d64", seqlens=PREFILL, hq=4, hkv=2, d=64, softcap=30.0, magnitude=10.0, ref_dtype="float64"
+)
+case("softcap", "30-paged-decode-d256", seqlens=DECODE, hq=8, hkv=4, d=256, causal=True, softcap=30.0, page_size=16)
 
 # ALiBi (FA2's conventions: -slope*|i - j| without causal, slope*j with causal).
 for d in (64, 128):
@@ -141,69 +174,199 @@ case("varlen", "first-last-empty", seqlens=[(0, 10), (20, 20), (0, 0)], hq=4, hk
 # Paged KV (vLLM's call: block_table + seqused_k) with page sizes 16, 32, 256 and num_splits 0, 1, 4.
 for page in (16, 32, 256):
     for splits in (0, 1, 4):
-        case("paged", f"p{page}-decode-s{splits}", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True,
-             page_size=page, num_splits=splits)
-        case("paged", f"p{page}-prefill-s{splits}", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True,
-             page_size=page, num_splits=splits)
+        case(
+            "paged",
+            f"p{page}-decode-s{splits}",
+            seqlens=DECODE,
+            hq=8,
+            hkv=2,
+            d=128,
+            causal=True,
+            page_size=page,
+            num_splits=splits,
+        )
+        case(
+            "paged",
+            f"p{page}-prefill-s{splits}",
+            seqlens=CHUNKED,
+            hq=4,
+            hkv=1,
+            d=64,
+            causal=True,
+            page_size=page,
+            num_splits=splits,
+        )
 # vLLM passes cu_seqlens_k = torch.empty_like(cu_seqlens_q) with a block table: seqused_k must win.
-case("paged", "p16-decode-cuk-zeros", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True, page_size=16,
-     cu_seqlens_k="zeros")
-case("paged", "p16-prefill-cuk-garbage", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True, page_size=16,
-     cu_seqlens_k="garbage")
+case(
+    "paged", "p16-decode-cuk-zeros", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True, page_size=16, cu_seqlens_k="zeros"
+)
+case(
+    "paged",
+    "p16-prefill-cuk-garbage",
+    seqlens=CHUNKED,
+    hq=4,
+    hkv=1,
+    d=64,
+    causal=True,
+    page_size=16,
+    cu_seqlens_k="garbage",
+)
 case("paged", "p32-prefill-full-d128", seqlens=CHUNKED, hq=4, hkv=2, d=128, page_size=32)
 case("paged", "p16-padded-table", seqlens=CHUNKED, hq=4, hkv=2, d=96, causal=True, page_size=16, extra_blocks=5)
 
 # Decode: seqlen_q = 1 everywhere with hq > hkv (FA2's seqlen_q/ngroups swap on the host).
 for hq, hkv, d in ((4, 2, 64), (12, 2, 128), (8, 1, 256)):
-    case("decode", f"contig-hq{hq}-hkv{hkv}-d{d}", seqlens=[(1, 1), (1, 77), (1, 256), (1, 1000)],
-         hq=hq, hkv=hkv, d=d, causal=True)
+    case(
+        "decode",
+        f"contig-hq{hq}-hkv{hkv}-d{d}",
+        seqlens=[(1, 1), (1, 77), (1, 256), (1, 1000)],
+        hq=hq,
+        hkv=hkv,
+        d=d,
+        causal=True,
+    )
 case("decode", "contig-hq6-hkv1-d128-full", seqlens=[(1, 1), (1, 77), (1, 1000)], hq=6, hkv=1, d=128)
-case("decode", "paged-hq6-hkv1-d256-p16", seqlens=[(1, 1), (1, 1000), (1, 4097)], hq=6, hkv=1, d=256,
-     causal=True, page_size=16)
-case("decode", "paged-hq8-hkv1-d64-p32-s4", seqlens=DECODE, hq=8, hkv=1, d=64, causal=True, page_size=32,
-     num_splits=4)
-case("decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True,
-     window=[32, 0])
+case(
+    "decode",
+    "paged-hq6-hkv1-d256-p16",
+    seqlens=[(1, 1), (1, 1000), (1, 4097)],
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    page_size=16,
+)
+case("decode", "paged-hq8-hkv1-d64-p32-s4", seqlens=DECODE, hq=8, hkv=1, d=64, causal=True, page_size=32, num_splits=4)
+case(
+    "decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True, window=[32, 0]
+)
 
 # Adversarial inputs.
-case("adversarial", "scores100-full-d128", seqlens=[(37, 90), (128, 128), (1, 1)], hq=4, hkv=2, d=128,
-     magnitude=10.0, ref_dtype="float64")
-case("adversarial", "scores100-causal-d64", seqlens=PREFILL, hq=4, hkv=2, d=64, causal=True, magnitude=10.0,
-     ref_dtype="float64")
-case("adversarial", "scores100-paged-decode-d256", seqlens=[(1, 300), (1, 1000)], hq=6, hkv=1, d=256,
-     causal=True, page_size=16, magnitude=10.0, ref_dtype="float64")
-case("adversarial", "masked-rows-causal", seqlens=[(70, 33), (16, 1), (5, 0), (1, 1)], hq=4, hkv=2, d=64,
-     causal=True)
-case("adversarial", "masked-rows-window-0-0-causal", seqlens=[(40, 20), (8, 8)], hq=4, hkv=2, d=128,
-     causal=True, window=[0, 0])
-case("adversarial", "no-keys-at-all", seqlens=[(3, 0), (5, 0)], hq=4, hkv=2, d=64)   # max_seqlen_k == 0
-case("adversarial", "paged-decode-no-keys", seqlens=[(1, 0), (1, 20), (1, 0)], hq=8, hkv=1, d=128,
-     causal=True, page_size=16)
-case("adversarial", "paged-masked-rows", seqlens=[(40, 20), (1, 0), (3, 3)], hq=4, hkv=2, d=64, causal=True,
-     page_size=16)
-case("adversarial", "nan-in-unused-slots-paged-decode", seqlens=DECODE, hq=8, hkv=2, d=128, causal=True,
-     page_size=16, poison=True)
-case("adversarial", "nan-in-unused-slots-paged-prefill", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True,
-     page_size=32, poison=True)
+case(
+    "adversarial",
+    "scores100-full-d128",
+    seqlens=[(37, 90), (128, 128), (1, 1)],
+    hq=4,
+    hkv=2,
+    d=128,
+    magnitude=10.0,
+    ref_dtype="float64",
+)
+case(
+    "adversarial",
+    "scores100-causal-d64",
+    seqlens=PREFILL,
+    hq=4,
+    hkv=2,
+    d=64,
+    causal=True,
+    magnitude=10.0,
+    ref_dtype="float64",
+)
+case(
+    "adversarial",
+    "scores100-paged-decode-d256",
+    seqlens=[(1, 300), (1, 1000)],
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    page_size=16,
+    magnitude=10.0,
+    ref_dtype="float64",
+)
+case("adversarial", "masked-rows-causal", seqlens=[(70, 33), (16, 1), (5, 0), (1, 1)], hq=4, hkv=2, d=64, causal=True)
+case(
+    "adversarial",
+    "masked-rows-window-0-0-causal",
+    seqlens=[(40, 20), (8, 8)],
+    hq=4,
+    hkv=2,
+    d=128,
+    causal=True,
+    window=[0, 0],
+)
+case("adversarial", "no-keys-at-all", seqlens=[(3, 0), (5, 0)], hq=4, hkv=2, d=64)  # max_seqlen_k == 0
+case(
+    "adversarial",
+    "paged-decode-no-keys",
+    seqlens=[(1, 0), (1, 20), (1, 0)],
+    hq=8,
+    hkv=1,
+    d=128,
+    causal=True,
+    page_size=16,
+)
+case(
+    "adversarial", "paged-masked-rows", seqlens=[(40, 20), (1, 0), (3, 3)], hq=4, hkv=2, d=64, causal=True, page_size=16
+)
+case(
+    "adversarial",
+    "nan-in-unused-slots-paged-decode",
+    seqlens=DECODE,
+    hq=8,
+    hkv=2,
+    d=128,
+    causal=True,
+    page_size=16,
+    poison=True,
+)
+case(
+    "adversarial",
+    "nan-in-unused-slots-paged-prefill",
+    seqlens=CHUNKED,
+    hq=4,
+    hkv=1,
+    d=64,
+    causal=True,
+    page_size=32,
+    poison=True,
+)
 case("adversarial", "nan-after-last-key-contig", seqlens=[(37, 90), (5, 21)], hq=4, hkv=2, d=64, poison=True)
 case("adversarial", "kv256k-q16", slow=True, seqlens=[(16, 262144)], hq=1, hkv=1, d=64, causal=True)
-case("adversarial", "kv256k-q16-paged16", slow=True, seqlens=[(16, 262144)], hq=1, hkv=1, d=64, causal=True,
-     page_size=16)
+case(
+    "adversarial", "kv256k-q16-paged16", slow=True, seqlens=[(16, 262144)], hq=1, hkv=1, d=64, causal=True, page_size=16
+)
 
 # Non-contiguous strides the schema allows (last dim contiguous): q from a packed qkv, k/v from packed kv.
 case("strides", "packed-qkv-prefill", seqlens=PREFILL, hq=8, hkv=2, d=128, causal=True, strided=True)
-case("strides", "packed-kv-paged-decode", seqlens=DECODE, hq=8, hkv=2, d=64, causal=True, page_size=16,
-     strided=True)
+case("strides", "packed-kv-paged-decode", seqlens=DECODE, hq=8, hkv=2, d=64, causal=True, page_size=16, strided=True)
 
 # Determinism: 10 calls, bitwise identical out and softmax_lse.
-case("determinism", "prefill-gqa-d128", seqlens=[(37, 90), (128, 128), (200, 200), (1, 1)], hq=8, hkv=2,
-     d=128, causal=True, repeats=10)
-case("determinism", "paged-decode-p16-s0", seqlens=[(1, 1000), (1, 4097), (1, 17)], hq=8, hkv=2, d=128,
-     causal=True, page_size=16, repeats=10)
-case("determinism", "paged-decode-p16-s4", seqlens=[(1, 1000), (1, 4097), (1, 17)], hq=8, hkv=2, d=128,
-     causal=True, page_size=16, num_splits=4, repeats=10)
-case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16,
-     repeats=10)
+case(
+    "determinism",
+    "prefill-gqa-d128",
+    seqlens=[(37, 90), (128, 128), (200, 200), (1, 1)],
+    hq=8,
+    hkv=2,
+    d=128,
+    causal=True,
+    repeats=10,
+)
+case(
+    "determinism",
+    "paged-decode-p16-s0",
+    seqlens=[(1, 1000), (1, 4097), (1, 17)],
+    hq=8,
+    hkv=2,
+    d=128,
+    causal=True,
+    page_size=16,
+    repeats=10,
+)
+case(
+    "determinism",
+    "paged-decode-p16-s4",
+    seqlens=[(1, 1000), (1, 4097), (1, 17)],
+    hq=8,
+    hkv=2,
+    d=128,
+    causal=True,
+    page_size=16,
+    num_splits=4,
+    repeats=10,
+)
+case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16, repeats=10)
 
 # Split-KV on the exact route for prefill (patch 0004; the router's test hook forces N splits): FP32
 # partials in q's rows and the deterministic combine, held to the same contract. Key counts that are
@@ -212,39 +375,169 @@ case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, ca
 # over vLLM's paged cache views, GQA 6/1 D=256 and 32/8 D=128. check_numerics also requires that
 # every call took sm70-dense-splitkv.
 CHUNK_AND_DECODES = [(300, 2049), (1, 17), (1, 300), (1, 1), (1, 513)]
-case("split_prefill", "one-seq-causal-d128-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=128, causal=True,
-     prefill_splits=3)
+case("split_prefill", "one-seq-causal-d128-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=128, causal=True, prefill_splits=3)
 case("split_prefill", "one-seq-full-d64-s2", seqlens=[(130, 1000)], hq=4, hkv=1, d=64, prefill_splits=2)
-case("split_prefill", "chunk-and-decodes-p16-vllm-views-6-1-d256-s3", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1,
-     d=256, causal=True, page_size=16, cu_seqlens_k="garbage", vllm_cache=True, prefill_splits=3)
-case("split_prefill", "chunk-and-decodes-p16-6-1-d256-full-s4", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1, d=256,
-     page_size=16, prefill_splits=4)
-case("split_prefill", "gqa-32-8-d128-causal-s4", seqlens=[(129, 333), (1, 70), (64, 64)], hq=32, hkv=8, d=128,
-     causal=True, prefill_splits=4)
-case("split_prefill", "gqa-32-8-d128-full-s2", seqlens=[(129, 333), (1, 70), (64, 64)], hq=32, hkv=8, d=128,
-     prefill_splits=2)
-case("split_prefill", "empty-splits-causal-s4", seqlens=[(40, 45), (5, 5), (33, 0), (0, 10), (2, 3)], hq=4, hkv=1,
-     d=64, causal=True, prefill_splits=4)
-case("split_prefill", "more-splits-than-blocks-s16", seqlens=[(64, 70), (3, 700)], hq=2, hkv=1, d=128, causal=True,
-     prefill_splits=16)
-case("split_prefill", "masked-rows-causal-s3", seqlens=[(70, 33), (16, 1), (9, 9)], hq=4, hkv=2, d=64, causal=True,
-     prefill_splits=3)
-case("split_prefill", "chunked-p16-cuk-garbage-s2", seqlens=CHUNKED, hq=4, hkv=1, d=64, causal=True, page_size=16,
-     cu_seqlens_k="garbage", prefill_splits=2)
-case("split_prefill", "window-softcap-alibi-d128-s2", seqlens=[(100, 500), (1, 40)], hq=4, hkv=2, d=128,
-     causal=True, window=[64, 0], softcap=30.0, alibi=True, prefill_splits=2)
-case("split_prefill", "scores100-causal-d256-s3", seqlens=[(96, 400), (37, 90)], hq=6, hkv=1, d=256, causal=True,
-     magnitude=10.0, ref_dtype="float64", prefill_splits=3)
-case("split_prefill", "strided-views-d96-s3", seqlens=[(77, 301), (1, 9)], hq=8, hkv=2, d=96, causal=True,
-     strided=True, prefill_splits=3)
-case("split_prefill", "determinism-p16-6-1-d256-s3", seqlens=CHUNK_AND_DECODES, hq=6, hkv=1, d=256, causal=True,
-     page_size=16, prefill_splits=3, repeats=10)
+case(
+    "split_prefill",
+    "chunk-and-decodes-p16-vllm-views-6-1-d256-s3",
+    seqlens=CHUNK_AND_DECODES,
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    page_size=16,
+    cu_seqlens_k="garbage",
+    vllm_cache=True,
+    prefill_splits=3,
+)
+case(
+    "split_prefill",
+    "chunk-and-decodes-p16-6-1-d256-full-s4",
+    seqlens=CHUNK_AND_DECODES,
+    hq=6,
+    hkv=1,
+    d=256,
+    page_size=16,
+    prefill_splits=4,
+)
+case(
+    "split_prefill",
+    "gqa-32-8-d128-causal-s4",
+    seqlens=[(129, 333), (1, 70), (64, 64)],
+    hq=32,
+    hkv=8,
+    d=128,
+    causal=True,
+    prefill_splits=4,
+)
+case(
+    "split_prefill",
+    "gqa-32-8-d128-full-s2",
+    seqlens=[(129, 333), (1, 70), (64, 64)],
+    hq=32,
+    hkv=8,
+    d=128,
+    prefill_splits=2,
+)
+case(
+    "split_prefill",
+    "empty-splits-causal-s4",
+    seqlens=[(40, 45), (5, 5), (33, 0), (0, 10), (2, 3)],
+    hq=4,
+    hkv=1,
+    d=64,
+    causal=True,
+    prefill_splits=4,
+)
+case(
+    "split_prefill",
+    "more-splits-than-blocks-s16",
+    seqlens=[(64, 70), (3, 700)],
+    hq=2,
+    hkv=1,
+    d=128,
+    causal=True,
+    prefill_splits=16,
+)
+case(
+    "split_prefill",
+    "masked-rows-causal-s3",
+    seqlens=[(70, 33), (16, 1), (9, 9)],
+    hq=4,
+    hkv=2,
+    d=64,
+    causal=True,
+    prefill_splits=3,
+)
+case(
+    "split_prefill",
+    "chunked-p16-cuk-garbage-s2",
+    seqlens=CHUNKED,
+    hq=4,
+    hkv=1,
+    d=64,
+    causal=True,
+    page_size=16,
+    cu_seqlens_k="garbage",
+    prefill_splits=2,
+)
+case(
+    "split_prefill",
+    "window-softcap-alibi-d128-s2",
+    seqlens=[(100, 500), (1, 40)],
+    hq=4,
+    hkv=2,
+    d=128,
+    causal=True,
+    window=[64, 0],
+    softcap=30.0,
+    alibi=True,
+    prefill_splits=2,
+)
+case(
+    "split_prefill",
+    "scores100-causal-d256-s3",
+    seqlens=[(96, 400), (37, 90)],
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    magnitude=10.0,
+    ref_dtype="float64",
+    prefill_splits=3,
+)
+case(
+    "split_prefill",
+    "strided-views-d96-s3",
+    seqlens=[(77, 301), (1, 9)],
+    hq=8,
+    hkv=2,
+    d=96,
+    causal=True,
+    strided=True,
+    prefill_splits=3,
+)
+case(
+    "split_prefill",
+    "determinism-p16-6-1-d256-s3",
+    seqlens=CHUNK_AND_DECODES,
+    hq=6,
+    hkv=1,
+    d=256,
+    causal=True,
+    page_size=16,
+    prefill_splits=3,
+    repeats=10,
+)
 # Realistic: the long-prefill range's smallest chunk, and issue 17's production chunk (Q=4096 over 32K
 # cached keys, 6/1, D=256, scale 1/16) with 3 splits.
-case("split_prefill", "q1024-kv16384-p16-6-1-d256-s3", seqlens=[(1024, 16384)], hq=6, hkv=1, d=256, scale=1 / 16,
-     causal=True, page_size=16, prefill_splits=3, repeats=2)
-case("split_prefill", "q4096-kv32768-p16-6-1-d256-s3", seqlens=[(4096, 32768)], hq=6, hkv=1, d=256, scale=1 / 16,
-     causal=True, page_size=16, vllm_cache=True, prefill_splits=3)
+case(
+    "split_prefill",
+    "q1024-kv16384-p16-6-1-d256-s3",
+    seqlens=[(1024, 16384)],
+    hq=6,
+    hkv=1,
+    d=256,
+    scale=1 / 16,
+    causal=True,
+    page_size=16,
+    prefill_splits=3,
+    repeats=2,
+)
+case(
+    "split_prefill",
+    "q4096-kv32768-p16-6-1-d256-s3",
+    seqlens=[(4096, 32768)],
+    hq=6,
+    hkv=1,
+    d=256,
+    scale=1 / 16,
+    causal=True,
+    page_size=16,
+    vllm_cache=True,
+    prefill_splits=3,
+)
+
 
 # fwd_kvcache (kvcache_cases.py): contiguous and paged caches, seqlens_k, split-KV, appended k/v
 # with rotary (both pairings, per-row and uniform query positions), cache_batch_idx, leftpad_k.
@@ -259,29 +552,59 @@ for splits in (0, 1, 5):
 kv_case("paged-p16-decode-hq6-hkv1-d256", cache=KV_DECODE, hq=6, hkv=1, d=256, page_size=16)
 kv_case("paged-p32-decode-s3-d64", cache=KV_DECODE, hq=8, hkv=1, d=64, page_size=32, num_splits=3)
 kv_case("append1-rotary-contig", cache=[0, 16, 40, 299], seqlen_new=1, rotary_dim=64)
-kv_case("append1-rotary-interleaved-paged-p16", cache=[0, 15, 40, 299], seqlen_new=1, rotary_dim=128,
-        interleaved=True, page_size=16)
-kv_case("append4-rotary-causal-prefill", cache=[3, 60, 100], seqlen_q=4, seqlen_new=4, hq=4, hkv=4, d=64,
-        rotary_dim=32)
-kv_case("append4-rotary-noncausal", cache=[3, 60, 100], seqlen_q=4, seqlen_new=4, hq=4, hkv=2, d=64,
-        causal=False, rotary_dim=64, interleaved=True)
+kv_case(
+    "append1-rotary-interleaved-paged-p16",
+    cache=[0, 15, 40, 299],
+    seqlen_new=1,
+    rotary_dim=128,
+    interleaved=True,
+    page_size=16,
+)
+kv_case("append4-rotary-causal-prefill", cache=[3, 60, 100], seqlen_q=4, seqlen_new=4, hq=4, hkv=4, d=64, rotary_dim=32)
+kv_case(
+    "append4-rotary-noncausal",
+    cache=[3, 60, 100],
+    seqlen_q=4,
+    seqlen_new=4,
+    hq=4,
+    hkv=2,
+    d=64,
+    causal=False,
+    rotary_dim=64,
+    interleaved=True,
+)
 kv_case("append2-paged-p16-s4", cache=[14, 33, 500], seqlen_q=2, seqlen_new=2, page_size=16, num_splits=4)
 kv_case("cache-batch-idx-append", cache=[5, 70, 200], seqlen_new=1, cache_batch_idx=True, rotary_dim=64)
 kv_case("leftpad-causal", cache=[20, 40, 64, 9], leftpad=[0, 3, 10, 9], seqlen_q=2, hq=4, hkv=2, d=128)
-kv_case("whole-cache-no-seqlens", cache=[50, 50], capacity=50, with_seqlens_k=False, seqlen_q=3, hq=4,
-        hkv=2, d=96)
+kv_case("whole-cache-no-seqlens", cache=[50, 50], capacity=50, with_seqlens_k=False, seqlen_q=3, hq=4, hkv=2, d=96)
 kv_case("window-32-0-append-rotary", cache=[10, 100, 300], seqlen_new=1, window=[32, 0], rotary_dim=64)
-kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6,
-        hkv=1)
-kv_case("determinism-paged-append-s4", cache=[1000, 4097, 17], seqlen_new=1, page_size=16, num_splits=4,
-        rotary_dim=64, repeats=10)
+kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6, hkv=1)
+kv_case(
+    "determinism-paged-append-s4",
+    cache=[1000, 4097, 17],
+    seqlen_new=1,
+    page_size=16,
+    num_splits=4,
+    rotary_dim=64,
+    repeats=10,
+)
 
 # The endpoints of the reference long-prefill workload (docs/DESIGN.md §4, the target of patch
 # 0003), through the routes this build has: Q=8000 new tokens.
 for kv in (40000, 128000):
     for page in (None, 16):
-        case("workload", f"q8000-kv{kv}-{'paged16' if page else 'contig'}", slow=True,
-             seqlens=[(8000, kv)], hq=6, hkv=1, d=256, scale=1 / 16, causal=True, page_size=page)
+        case(
+            "workload",
+            f"q8000-kv{kv}-{'paged16' if page else 'contig'}",
+            slow=True,
+            seqlens=[(8000, kv)],
+            hq=6,
+            hkv=1,
+            d=256,
+            scale=1 / 16,
+            causal=True,
+            page_size=page,
+        )
 
 
 # Bad inputs: a typed error before any launch, the process and the device still usable.
@@ -289,64 +612,155 @@ BAD: list[Case] = []
 
 
 def bad(name, expect, sanitize=False, **spec):
-    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec}, expect=expect,
-                    sanitize=sanitize))
+    BAD.append(
+        Case(
+            "bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec}, expect=expect, sanitize=sanitize
+        )
+    )
 
 
 for d in (264, 260, 36):
-    bad(f"head-dim-{d}", {"out_untouched": True, "message": "head"}, sanitize=d == 264, seqlens=[(8, 40)],
-        hq=4, hkv=2, d=d)
-bad("head-dim-264-decode", {"out_untouched": True, "message": "head"}, seqlens=[(1, 40), (1, 9)], hq=8,
-    hkv=2, d=264, causal=True, page_size=16)
+    bad(
+        f"head-dim-{d}",
+        {"out_untouched": True, "message": "head"},
+        sanitize=d == 264,
+        seqlens=[(8, 40)],
+        hq=4,
+        hkv=2,
+        d=d,
+    )
+bad(
+    "head-dim-264-decode",
+    {"out_untouched": True, "message": "head"},
+    seqlens=[(1, 40), (1, 9)],
+    hq=8,
+    hkv=2,
+    d=264,
+    causal=True,
+    page_size=16,
+)
 bad("hq6-hkv4-prefill", {"out_untouched": True}, seqlens=[(8, 40)], hq=6, hkv=4, d=64)
 bad("hq6-hkv4-decode", {"out_untouched": True}, seqlens=[(1, 40), (1, 9)], hq=6, hkv=4, d=64, causal=True)
 bad("hq2-hkv4", {"out_untouched": True}, seqlens=[(8, 40)], hq=2, hkv=4, d=64)
 for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "int32-max")):
-    bad(f"block-table-{label}-prefill", {}, seqlens=[(8, 40), (4, 20)], hq=4, hkv=2, d=64, causal=True,
-        page_size=16, bad_block_table=[0, 1, value])
-    bad(f"block-table-{label}-decode", {}, sanitize=value == -1, seqlens=[(1, 40), (1, 70)], hq=8, hkv=2,
-        d=128, causal=True, page_size=16, bad_block_table=[1, 4, value])
+    bad(
+        f"block-table-{label}-prefill",
+        {},
+        seqlens=[(8, 40), (4, 20)],
+        hq=4,
+        hkv=2,
+        d=64,
+        causal=True,
+        page_size=16,
+        bad_block_table=[0, 1, value],
+    )
+    bad(
+        f"block-table-{label}-decode",
+        {},
+        sanitize=value == -1,
+        seqlens=[(1, 40), (1, 70)],
+        hq=8,
+        hkv=2,
+        d=128,
+        causal=True,
+        page_size=16,
+        bad_block_table=[1, 4, value],
+    )
 
 
 # Index tensors out of range, and strides the kernels cannot read with 16-byte vectors.
-bad("cu-seqlens-q-decreasing", {"out_untouched": True, "message": "cu_seqlens_q"},
-    seqlens=[(8, 40), (4, 20), (6, 9)], bad_cu_seqlens_q=[0, 8, 6, 18])
-bad("cu-seqlens-q-beyond-q", {"out_untouched": True, "message": "cu_seqlens_q"},
-    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_q=[0, 8, 13])
-bad("cu-seqlens-k-beyond-k", {"out_untouched": True, "message": "cu_seqlens_k"}, sanitize=True,
-    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[0, 40, 61])
-bad("cu-seqlens-k-negative", {"out_untouched": True, "message": "cu_seqlens_k"},
-    seqlens=[(8, 40), (4, 20)], bad_cu_seqlens_k=[-5, 40, 60])
-bad("seqused-k-beyond-paged-cache", {"out_untouched": True, "message": "seqused_k"}, sanitize=True,
-    seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[40, 81])
-bad("seqused-k-beyond-contiguous-keys", {"out_untouched": True, "message": "seqused_k"},
-    seqlens=[(8, 40), (4, 20)], bad_seqused_k=[41, 20])
-bad("seqused-k-negative", {"out_untouched": True, "message": "seqused_k"},
-    seqlens=[(1, 40), (1, 70)], hq=8, hkv=2, d=128, page_size=16, bad_seqused_k=[-1, 70])
-bad("misaligned-q-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)],
-    misaligned="q")
-bad("misaligned-k-strides", {"out_untouched": True, "message": "aligned"}, sanitize=True,
-    seqlens=[(8, 40), (4, 20)], misaligned="k")
+bad(
+    "cu-seqlens-q-decreasing",
+    {"out_untouched": True, "message": "cu_seqlens_q"},
+    seqlens=[(8, 40), (4, 20), (6, 9)],
+    bad_cu_seqlens_q=[0, 8, 6, 18],
+)
+bad(
+    "cu-seqlens-q-beyond-q",
+    {"out_untouched": True, "message": "cu_seqlens_q"},
+    seqlens=[(8, 40), (4, 20)],
+    bad_cu_seqlens_q=[0, 8, 13],
+)
+bad(
+    "cu-seqlens-k-beyond-k",
+    {"out_untouched": True, "message": "cu_seqlens_k"},
+    sanitize=True,
+    seqlens=[(8, 40), (4, 20)],
+    bad_cu_seqlens_k=[0, 40, 61],
+)
+bad(
+    "cu-seqlens-k-negative",
+    {"out_untouched": True, "message": "cu_seqlens_k"},
+    seqlens=[(8, 40), (4, 20)],
+    bad_cu_seqlens_k=[-5, 40, 60],
+)
+bad(
+    "seqused-k-beyond-paged-cache",
+    {"out_untouched": True, "message": "seqused_k"},
+    sanitize=True,
+    seqlens=[(1, 40), (1, 70)],
+    hq=8,
+    hkv=2,
+    d=128,
+    page_size=16,
+    bad_seqused_k=[40, 81],
+)
+bad(
+    "seqused-k-beyond-contiguous-keys",
+    {"out_untouched": True, "message": "seqused_k"},
+    seqlens=[(8, 40), (4, 20)],
+    bad_seqused_k=[41, 20],
+)
+bad(
+    "seqused-k-negative",
+    {"out_untouched": True, "message": "seqused_k"},
+    seqlens=[(1, 40), (1, 70)],
+    hq=8,
+    hkv=2,
+    d=128,
+    page_size=16,
+    bad_seqused_k=[-1, 70],
+)
+bad("misaligned-q-strides", {"out_untouched": True, "message": "aligned"}, seqlens=[(8, 40), (4, 20)], misaligned="q")
+bad(
+    "misaligned-k-strides",
+    {"out_untouched": True, "message": "aligned"},
+    sanitize=True,
+    seqlens=[(8, 40), (4, 20)],
+    misaligned="k",
+)
 
 
 def kv_bad(name, expect, sanitize=False, **spec):
-    BAD.append(Case("bad_input", name, {"expect_error": True, "seed": 1000 + len(BAD), **spec},
-                    expect={"out_untouched": True, "cache_untouched": True, **expect}, script=KVCACHE_SCRIPT,
-                    sanitize=sanitize))
+    BAD.append(
+        Case(
+            "bad_input",
+            name,
+            {"expect_error": True, "seed": 1000 + len(BAD), **spec},
+            expect={"out_untouched": True, "cache_untouched": True, **expect},
+            script=KVCACHE_SCRIPT,
+            sanitize=sanitize,
+        )
+    )
 
 
-kv_bad("kvcache-append-beyond-cache", {"message": "exceed"}, sanitize=True, cache=[5, 20], capacity=20,
-       seqlen_new=1)
+kv_bad("kvcache-append-beyond-cache", {"message": "exceed"}, sanitize=True, cache=[5, 20], capacity=20, seqlen_new=1)
 kv_bad("kvcache-seqlens-negative", {"message": "exceed"}, cache=[5, 20], bad_seqlens_k=[5, -1])
-kv_bad("kvcache-cache-batch-idx-out-of-range", {"message": "cache_batch_idx"}, sanitize=True, cache=[5, 20],
-       seqlen_new=1, cache_batch_idx=True, bad_cache_batch_idx=[0, 4])
+kv_bad(
+    "kvcache-cache-batch-idx-out-of-range",
+    {"message": "cache_batch_idx"},
+    sanitize=True,
+    cache=[5, 20],
+    seqlen_new=1,
+    cache_batch_idx=True,
+    bad_cache_batch_idx=[0, 4],
+)
 kv_bad("kvcache-leftpad-beyond-seqlens", {"message": "leftpad"}, cache=[5, 20], bad_leftpad=[6, 0])
-kv_bad("kvcache-rotary-table-short", {"message": "rotary"}, cache=[5, 20], seqlen_new=1, rotary_dim=64,
-       rotary_rows=20)
-kv_bad("kvcache-block-table-minus1", {"message": "block_table"}, cache=[40, 70], page_size=16,
-       bad_block_table=[1, 2, -1])
-kv_bad("kvcache-append-without-seqlens", {"message": "seqlens_k"}, cache=[5, 20], seqlen_new=1,
-       with_seqlens_k=False)
+kv_bad("kvcache-rotary-table-short", {"message": "rotary"}, cache=[5, 20], seqlen_new=1, rotary_dim=64, rotary_rows=20)
+kv_bad(
+    "kvcache-block-table-minus1", {"message": "block_table"}, cache=[40, 70], page_size=16, bad_block_table=[1, 2, -1]
+)
+kv_bad("kvcache-append-without-seqlens", {"message": "seqlens_k"}, cache=[5, 20], seqlen_new=1, with_seqlens_k=False)
 kv_bad("kvcache-bf16", {"message": "bf16"}, cache=[5, 20], dtype="bfloat16")
 
 
@@ -356,6 +770,7 @@ assert len(_ids) == len(set(_ids)), "case ids must be unique"
 
 # --------------------------------------------------------------------------------------------
 # Running the cases.
+
 
 def _slow_enabled() -> bool:
     return os.environ.get("FA2PATCH_SLOW") == "1"  # the same switch as conftest.py's marker skip
@@ -384,14 +799,23 @@ class CaseRunner:
     def _run(self, c: Case) -> dict:
         t0 = time.monotonic()
         try:
-            proc = subprocess.run([sys.executable, str(c.script), str(self.artifact), json.dumps(c.spec)],
-                                  capture_output=True, text=True, env=self.env, timeout=c.timeout)
+            proc = subprocess.run(
+                [sys.executable, str(c.script), str(self.artifact), json.dumps(c.spec)],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=c.timeout,
+            )
         except subprocess.TimeoutExpired:
             return {"ok": False, "error": f"timed out after {c.timeout} s"}
         lines = proc.stdout.strip().splitlines()
         if proc.returncode != 0 or not lines:
-            return {"ok": False, "error": f"exit status {proc.returncode} (a crash or a harness error)",
-                    "stderr": proc.stderr[-4000:], "seconds": round(time.monotonic() - t0, 1)}
+            return {
+                "ok": False,
+                "error": f"exit status {proc.returncode} (a crash or a harness error)",
+                "stderr": proc.stderr[-4000:],
+                "seconds": round(time.monotonic() - t0, 1),
+            }
         return json.loads(lines[-1])
 
     def close(self) -> None:
@@ -401,14 +825,22 @@ class CaseRunner:
 
 @pytest.fixture(scope="module")
 def sm70_build_info(gpu_build) -> dict:
-    proc = subprocess.run([sys.executable, "-c", "import sys, torch; torch.ops.load_library(sys.argv[1]);"
-                           " print(torch.ops._vllm_fa2_C.build_info())", str(gpu_build)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, torch; torch.ops.load_library(sys.argv[1]); print(torch.ops._vllm_fa2_C.build_info())",
+            str(gpu_build),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, f"loading {gpu_build} failed:\n{proc.stderr[-3000:]}"
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     if not info.get("sm70_kernels"):
-        pytest.skip("this build has no SM70 kernels (build_info().sm70_kernels is false): "
-                    "nothing to check numerically yet")
+        pytest.skip(
+            "this build has no SM70 kernels (build_info().sm70_kernels is false): nothing to check numerically yet"
+        )
     return info
 
 
@@ -457,15 +889,15 @@ def check_numerics(c: Case, r: dict, numerics_summary) -> None:
     assert r["finite"], f"non-finite output (NaN left in out, or inf)\n{where}"
     assert r["lse_max_err"] <= LSE_ABS_MAX, f"softmax_lse off by {r['lse_max_err']}\n{where}"
     assert r["ratio"] <= 1.0, f"max|out-ref| above FA2's bar (ratio = max over sequences)\n{where}"
-    assert r["rel_l2"] <= REL_L2_MAX and r["rel_l2_worst_seq"] <= REL_L2_MAX, \
-        f"relative L2 above {REL_L2_MAX}\n{where}"
+    assert r["rel_l2"] <= REL_L2_MAX and r["rel_l2_worst_seq"] <= REL_L2_MAX, f"relative L2 above {REL_L2_MAX}\n{where}"
     if "cache_ok" in r:
         assert r["cache_ok"], f"the KV cache after the call is not the cache with the appended rows\n{where}"
     if c.spec.get("repeats", 1) > 1:
         assert r.get("deterministic") is True, f"{c.spec['repeats']} calls are not bitwise identical\n{where}"
     if c.spec.get("prefill_splits", 0) > 1:
-        assert r.get("routes") == {"sm70-dense-splitkv": c.spec.get("repeats", 1)}, \
+        assert r.get("routes") == {"sm70-dense-splitkv": c.spec.get("repeats", 1)}, (
             f"not every call took the split-KV route\n{where}"
+        )
     assert r["ok"], where
 
 
@@ -491,8 +923,11 @@ def check_bad_input(c: Case, r: dict, numerics_summary) -> None:
 
 
 def _bad_ok(c: Case, r: dict) -> bool:
-    return bool(r.get("error") is None and r.get("raised") in TYPED_ERRORS and r.get("device_ok")
-                and (not c.expect.get("message") or c.expect["message"] in (r.get("message") or "").lower())
-                and (not c.expect.get("out_untouched") or (r.get("out_untouched") and r.get("guard_ok")))
-                and (not c.expect.get("cache_untouched") or r.get("cache_untouched")))
-
+    return bool(
+        r.get("error") is None
+        and r.get("raised") in TYPED_ERRORS
+        and r.get("device_ok")
+        and (not c.expect.get("message") or c.expect["message"] in (r.get("message") or "").lower())
+        and (not c.expect.get("out_untouched") or (r.get("out_untouched") and r.get("guard_ok")))
+        and (not c.expect.get("cache_untouched") or r.get("cache_untouched"))
+    )

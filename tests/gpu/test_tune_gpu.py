@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune` on a GPU (the lab: H200 with the SM70 kernels forced; skipped without a GPU).
 
 A tiny grid (6/1 heads of 256, chunks of 1024, prompts up to 4096) writes a profile that
@@ -16,8 +17,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = {"architectures": ["TinyForCausalLM"], "num_attention_heads": 6, "num_key_value_heads": 1,
-          "head_dim": 256, "hidden_size": 1536, "max_position_embeddings": 4096}
+CONFIG = {
+    "architectures": ["TinyForCausalLM"],
+    "num_attention_heads": 6,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "hidden_size": 1536,
+    "max_position_embeddings": 4096,
+}
 
 CALLS = r"""
 import json, os, sys, torch
@@ -44,7 +51,10 @@ print(json.dumps({"routes": seen, "profile": stats.get("profile", "absent"), "st
 
 
 def fa2patch(*args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "tools"), os.environ.get("PYTHONPATH")])),
+    }
     return subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True, cwd=REPO, env=env)
 
 
@@ -54,9 +64,28 @@ def tuned(gpu_build, tmp_path_factory):
     config = folder / "config.json"
     config.write_text(json.dumps(CONFIG))
     path = folder / "profile.json"
-    proc = fa2patch("tune", "--model-config", str(config), "--tp", "1", "--max-num-batched-tokens", "1024",
-                    "--max-model-len", "4096", "--warmup", "1", "--reps", "3", "--splits", "2",
-                    "--artifact", str(gpu_build), "--out", str(path), "--json")
+    proc = fa2patch(
+        "tune",
+        "--model-config",
+        str(config),
+        "--tp",
+        "1",
+        "--max-num-batched-tokens",
+        "1024",
+        "--max-model-len",
+        "4096",
+        "--warmup",
+        "1",
+        "--reps",
+        "3",
+        "--splits",
+        "2",
+        "--artifact",
+        str(gpu_build),
+        "--out",
+        str(path),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout), json.loads(path.read_text()), path
 
@@ -88,15 +117,16 @@ def test_the_extension_follows_the_tuned_profile(gpu_build, tuned):
     points = sorted({(r["q"], r["kv"]) for r in doc["measured"]})
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1", "FA2PATCH_ROUTING_PROFILE": str(path)}
     env.pop("VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL", None)
-    proc = subprocess.run([sys.executable, "-c", CALLS, str(gpu_build), json.dumps(points)], capture_output=True,
-                          text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", CALLS, str(gpu_build), json.dumps(points)], capture_output=True, text=True, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     if got["profile"] == "absent":
         pytest.skip("this extension does not read routing profiles (route_stats() has no 'profile')")
     assert got["profile"]["status"] == "in use" and got["profile"]["path"] == str(path), got["profile"]
     assert got["profile"]["decisions"] == len(doc["decisions"])
-    for (q, kv), counted in zip(points, got["routes"]):
+    for (q, kv), counted in zip(points, got["routes"], strict=True):
         d = next(d for d in doc["decisions"] if d["q"][0] <= q < d["q"][1] and d["kv"][0] <= kv < d["kv"][1])
         expected = "sm70-dense-splitkv" if d.get("splits", 1) > 1 else d["route"]
         assert counted == {expected: 1}, (q, kv, d, counted)

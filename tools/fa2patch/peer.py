@@ -288,6 +288,7 @@ def write(data: dict, path: Path) -> None:
 
 
 HEADER = """
+SPDX-License-Identifier: BSD-3-Clause
 vLLM 0.33.0's TRITON_ATTN kernels compiled for capability 7.0 (no tensor cores: tl.dot is FFMA),
 read from their SASS. Written by `python -m fa2patch.peer extract` (tools/fa2patch/peer.py; the
 compile is tools/fa2patch/peer_compile.py); do not edit by hand. docs/peer-vllm-triton.md.

@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The forbidden-import check: fa2patch's modules import with its base dependencies only.
+
+Usage: python ci/check_imports.py [--root DIR] [--package NAME]   (default: tools/ and fa2patch)
+
+Each module of the package is imported in one subprocess whose import system refuses every top-level
+package that is neither in the standard library nor a declared dependency (pyproject.toml's
+[project] dependencies: BASE_IMPORTS). So no torch, no GPU library (pynvml, triton), no test extra
+(numpy) at import time: `fa2patch fetch`, `replay`, `check`, `package --vllm-src`, `report` and
+`tune --estimate-only` run where only the base dependencies are installed (README, "V100 with
+vLLM 0.33, from zero", step 1), and `fa2patch --help` runs without torch. A module that needs one of
+them imports it inside the function that uses it. NEEDS_TORCH lists the exceptions with their reason.
+Exit 1 and one line per module that fails.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# Import names of pyproject.toml's [project] dependencies and of what they import in turn.
+BASE_IMPORTS = {
+    "click": "click",
+    "gitpython": "git",
+    "gitdb": "gitdb",  # gitpython's dependency
+    "smmap": "smmap",  # gitdb's dependency
+    "tomlkit": "tomlkit",
+}
+# Modules whose purpose is torch, with the reason; and entry points, which run when imported.
+NEEDS_TORCH = {
+    "reference": "the FP32 attention reference that smoke, bench and tests/gpu run on the GPU",
+    "torch_query": "a script run inside the interpreter whose torch it reports (build --python, doctor --vllm)",
+}
+ENTRY_POINTS = {"__main__"}
+
+CHILD = r"""
+import importlib, json, pkgutil, sys, traceback
+
+package, allowed, skip = sys.argv[1], set(sys.argv[2].split(",")), set(sys.argv[3].split(","))
+allowed |= set(sys.stdlib_module_names) | {package}
+
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] not in allowed:
+            raise ImportError(f"import of {name!r} refused: not the standard library or a base dependency")
+        return None
+
+
+sys.meta_path.insert(0, Refuse())
+root = importlib.import_module(package)
+failures, imported = {}, []
+for info in pkgutil.iter_modules(root.__path__):
+    if info.name in skip:
+        continue
+    try:
+        importlib.import_module(f"{package}.{info.name}")
+        imported.append(info.name)
+    except BaseException as exc:  # noqa: BLE001 - any failure to import is the finding
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        failures[info.name] = f"{type(exc).__name__}: {exc} ({where})"
+print(json.dumps({"imported": imported, "failures": failures}))
+"""
+
+
+def failures(root: Path, package: str, skip: set[str]) -> dict[str, str]:
+    """Per module of ``package`` (under ``root``) that fails to import, why."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, package, ",".join(BASE_IMPORTS.values()), ",".join(skip)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    if proc.returncode != 0:
+        return {package: (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    result = json.loads(proc.stdout)
+    if not result["imported"] and not result["failures"]:
+        return {package: "no module found to import"}
+    return result["failures"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1] / "tools")
+    ap.add_argument("--package", default="fa2patch")
+    args = ap.parse_args(argv)
+    found = failures(args.root.resolve(), args.package, set(NEEDS_TORCH) | ENTRY_POINTS)
+    for module, why in sorted(found.items()):
+        print(f"{args.package}.{module}: {why}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
