@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The tests' one oracle of the long-prefill op's plan: a walk written from the rules the op
 documents (gqa_prefill.h, gqa_prefill_api.h), row by row, in the shape of gqa_prefill_plan's JSON.
 
@@ -15,7 +16,7 @@ values counted by hand (test_report_gqa), and CPU tests of report use it as the 
   per key tile: qk when the tile's last row sees its first key, else idle).
 """
 
-QK = {"rows": 128, "keys": 128, "stages": 256 // 32}     # qk tile: head dim 256 in stages of 32
+QK = {"rows": 128, "keys": 128, "stages": 256 // 32}  # qk tile: head dim 256 in stages of 32
 PV = {"rows": 64, "keys": 32}
 MIN_KEYS, MAX_KEYS, BUDGET = 256, 8192, 768 << 20
 
@@ -32,10 +33,10 @@ def plan(q: int, kv: int, hq: int, hkv: int) -> dict:
     block = min(max(fits, default=MIN_KEYS), max(QK["keys"], up(kv, QK["keys"])))
     blocks = max(1, -(-kv // block))
 
-    def bound(row: int) -> int:             # the causal bound of packed row ``row``: keys j <= it
+    def bound(row: int) -> int:  # the causal bound of packed row ``row``: keys j <= it
         return row // group + kv - q
 
-    def last_key(row: int) -> int:          # the last key packed row ``row`` sees
+    def last_key(row: int) -> int:  # the last key packed row ``row`` sees
         return min(kv - 1, bound(row))
 
     steps = []
@@ -56,20 +57,35 @@ def plan(q: int, kv: int, hq: int, hkv: int) -> dict:
             key0 = s * block
             keys = min(block, kv - key0)
             tiles = -(-keys // QK["keys"])
-            row_tiles = [t for t in range(rows_pad // QK["rows"])      # those reaching the block's first key
-                         if any(bound(r) >= key0 for r in range(t * QK["rows"], (t + 1) * QK["rows"]))]
+            row_tiles = [
+                t
+                for t in range(rows_pad // QK["rows"])  # those reaching the block's first key
+                if any(bound(r) >= key0 for r in range(t * QK["rows"], (t + 1) * QK["rows"]))
+            ]
             first = row_tiles[0] if row_tiles else rows_pad // QK["rows"]
             for _head in range(hkv):
                 for t in range(first, rows_pad // QK["rows"]):
                     for k in range(tiles):
                         sees = last_key((t + 1) * QK["rows"] - 1) >= key0 + k * QK["keys"]
                         ctas.append(("qk", QK["stages"]) if sees else ("idle", 0))
-            qk = {"block": s, "key0": key0, "num_keys": keys, "tiles": max(1, tiles),
-                  "row_tile0": first, "row_tiles": rows_pad // QK["rows"] - first if tiles else 0}
+            qk = {
+                "block": s,
+                "key0": key0,
+                "num_keys": keys,
+                "tiles": max(1, tiles),
+                "row_tile0": first,
+                "row_tiles": rows_pad // QK["rows"] - first if tiles else 0,
+            }
             qk["ctas"] = qk["tiles"] * qk["row_tiles"] * hkv
         steps.append({"ctas": len(ctas), "pv": pv, "qk": qk, "runs": runs(ctas)})
-    return {"group": group, "rows": rows, "rows_pad": rows_pad, "block_keys": block, "num_blocks": blocks,
-            "steps": steps}
+    return {
+        "group": group,
+        "rows": rows,
+        "rows_pad": rows_pad,
+        "block_keys": block,
+        "num_blocks": blocks,
+        "steps": steps,
+    }
 
 
 def runs(ctas: list[tuple[str, int]]) -> list[list]:

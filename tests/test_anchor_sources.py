@@ -6,11 +6,11 @@ The quotes themselves were checked against the files at those commits when recor
 (docs/anchor-sources.md); this test keeps the records self-consistent and complete."""
 
 import re
+import tomllib
 from decimal import Decimal
 from importlib import resources
 
 import pytest
-import tomllib
 
 BASES = {"published", "locked", "power-capped", "assumed"}
 HEX40 = re.compile(r"[0-9a-f]{40}")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """bench: argument handling, FLOP counting, numerics verdicts and the table, on the CPU."""
 
 import pytest
@@ -16,16 +17,19 @@ def test_default_shapes_are_the_reference_family():
 def test_shape_groups_sweeps_and_default_scale():
     shapes = parse_shapes("q=16:48:16,kv=64,hq=4,hkv=2,d=64,causal=0; q=1,kv=100,hq=8,hkv=8,d=128")
     assert [(s.q, s.causal) for s in shapes[:3]] == [(16, False), (32, False), (48, False)]
-    assert shapes[3] == Shape(1, 100, 8, 8, 128, True, 128 ** -0.5)
+    assert shapes[3] == Shape(1, 100, 8, 8, 128, True, 128**-0.5)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("q=8,kv=x,hq=1,hkv=1,d=64", "not N or START:END:STEP"),
-    ("q=8,kv=8,hq=6,hkv=4,d=64", "not a multiple"),
-    ("q=8,kv=8,hq=1,d=64", "lacks hkv"),
-    ("q=8,kv=8,hq=1,hkv=1,d=64,heads=3", "expected key=value"),
-    ("q=8:4:0,kv=8,hq=1,hkv=1,d=64", "not N or START:END:STEP"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("q=8,kv=x,hq=1,hkv=1,d=64", "not N or START:END:STEP"),
+        ("q=8,kv=8,hq=6,hkv=4,d=64", "not a multiple"),
+        ("q=8,kv=8,hq=1,d=64", "lacks hkv"),
+        ("q=8,kv=8,hq=1,hkv=1,d=64,heads=3", "expected key=value"),
+        ("q=8:4:0,kv=8,hq=1,hkv=1,d=64", "not N or START:END:STEP"),
+    ],
+)
 def test_bad_shapes_are_refused(bad, message):
     with pytest.raises(EnvironmentProblem, match=message):
         parse_shapes(bad)
@@ -53,11 +57,29 @@ def test_judge_envelope_and_contract():
 
 def test_table_has_speedup_latency_reduction_and_the_warning():
     def res(route, ms, spread=0.1, label="Q=8 KV=16"):
-        return {"route": route, "label": label, "median_ms": ms, "min_ms": ms - spread, "max_ms": ms + spread,
-                "tflops": 1.0, "sm_clock_after": "1980 MHz", "envelope_ok": True, "contract_ok": route == "a"}
-    result = {"gpu": "NVIDIA H200", "capability": "sm_90", "sm_clock_idle": "345 MHz",
-              "sm_clock_max": "1980 MHz", "driver": "580", "manifest_sha256": "ab" * 32, "routes": ["a", "b"], "is_v100": False,
-              "results": [res("a", 4.0), res("b", 1.0), res("a", 2.0, 0.5, "Q=9"), res("b", 1.8, 0.5, "Q=9")]}
+        return {
+            "route": route,
+            "label": label,
+            "median_ms": ms,
+            "min_ms": ms - spread,
+            "max_ms": ms + spread,
+            "tflops": 1.0,
+            "sm_clock_after": "1980 MHz",
+            "envelope_ok": True,
+            "contract_ok": route == "a",
+        }
+
+    result = {
+        "gpu": "NVIDIA H200",
+        "capability": "sm_90",
+        "sm_clock_idle": "345 MHz",
+        "sm_clock_max": "1980 MHz",
+        "driver": "580",
+        "manifest_sha256": "ab" * 32,
+        "routes": ["a", "b"],
+        "is_v100": False,
+        "results": [res("a", 4.0), res("b", 1.0), res("a", 2.0, 0.5, "Q=9"), res("b", 1.8, 0.5, "Q=9")],
+    }
     text = render(result)
     assert WARNING in text and "4.00x" in text and "75%" in text and "ok/FAIL" in text
     # Each median with its range over the repetitions; separated where the ranges do not overlap.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """bench's record of the card: NVML sampling with a fake NVML module, throttle decoding, summary
 statistics, the Markdown summary and report's estimate beside each time (CPU only)."""
 
@@ -10,14 +11,22 @@ import pytest
 
 from fa2patch import bench, gpu_clocks
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.shapes import Shape
 from fa2patch.routes import EXACT, GQA
+from fa2patch.shapes import Shape
 
 # NVML's clocks-event reason bits, copied by hand from nvml.h's documentation
 # ("NvmlClocksEventReasons"), independent of gpu_clocks.REASONS.
-NVML_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
-             "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
-             "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+NVML_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
 
 
 class NVMLError(Exception):
@@ -27,13 +36,20 @@ class NVMLError(Exception):
 class FakeNVML(types.SimpleNamespace):
     """pynvml's surface that gpu_clocks uses; readings come from lists, one item per call (the
     last repeats). ``None`` in a list raises NVMLError (a quantity the card does not report)."""
+
     NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
 
-    def __init__(self, sm=(1530,), mem=(877,), power_mw=(250000,), temp=(60,), reasons=(0,), handles=None,
-                 event_api=True):
+    def __init__(
+        self, sm=(1530,), mem=(877,), power_mw=(250000,), temp=(60,), reasons=(0,), handles=None, event_api=True
+    ):
         super().__init__()
-        self.series = {"sm": list(sm), "mem": list(mem), "power": list(power_mw), "temp": list(temp),
-                       "reasons": list(reasons)}
+        self.series = {
+            "sm": list(sm),
+            "mem": list(mem),
+            "power": list(power_mw),
+            "temp": list(temp),
+            "reasons": list(reasons),
+        }
         self.handles = handles or {"index": {0: "h0"}}
         self.calls = []
         if event_api:
@@ -90,9 +106,16 @@ class FakeNVML(types.SimpleNamespace):
         return 300000
 
 
-@pytest.mark.parametrize("names", [[], ["gpu_idle"], ["gpu_idle", "sw_power_cap"],
-                                   ["applications_clocks_setting", "hw_slowdown", "display_clock_setting"],
-                                   list(NVML_BITS)])
+@pytest.mark.parametrize(
+    "names",
+    [
+        [],
+        ["gpu_idle"],
+        ["gpu_idle", "sw_power_cap"],
+        ["applications_clocks_setting", "hw_slowdown", "display_clock_setting"],
+        list(NVML_BITS),
+    ],
+)
 def test_throttle_reasons_decode_to_nvml_names(names):
     mask = sum(NVML_BITS[n] for n in names)
     assert gpu_clocks.decode_reasons(mask) == sorted(names, key=NVML_BITS.get)
@@ -103,8 +126,14 @@ def test_an_undocumented_bit_is_named_not_dropped():
 
 
 def _sample(sm, reasons, power=250.0, mem=877, temp=60):
-    return {"t": 0.0, "sm_clock_mhz": sm, "mem_clock_mhz": mem, "power_w": power, "temperature_c": temp,
-            "reasons": reasons}
+    return {
+        "t": 0.0,
+        "sm_clock_mhz": sm,
+        "mem_clock_mhz": mem,
+        "power_w": power,
+        "temperature_c": temp,
+        "reasons": reasons,
+    }
 
 
 def test_summary_statistics_and_throttle_verdict():
@@ -117,8 +146,10 @@ def test_summary_statistics_and_throttle_verdict():
     assert s["throttled_by"] == ["sw_power_cap"] and s["throttled"] is True
 
 
-@pytest.mark.parametrize("masks, throttled", [([0x1, 0x2, 0x0], False), ([0x0, 0x20], True), ([0x10], True),
-                                              ([None, None], None), ([0x100, 0x1], True)])
+@pytest.mark.parametrize(
+    "masks, throttled",
+    [([0x1, 0x2, 0x0], False), ([0x0, 0x20], True), ([0x10], True), ([None, None], None), ([0x100, 0x1], True)],
+)
 def test_only_reasons_other_than_idle_and_application_clocks_count(masks, throttled):
     assert gpu_clocks.summarize([_sample(1000, m) for m in masks])["throttled"] is throttled
 
@@ -172,8 +203,9 @@ def test_bench_worker_finds_torchs_gpu_in_nvml(monkeypatch):
     nvml = FakeNVML(handles={"uuid": {"GPU-1234": "h"}, "index": {0: "wrong"}})
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     props = types.SimpleNamespace(uuid="1234", pci_domain_id=0, pci_bus_id=0x3B, pci_device_id=0)
-    torch = types.SimpleNamespace(cuda=types.SimpleNamespace(current_device=lambda: 0,
-                                                             get_device_properties=lambda i: props))
+    torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(current_device=lambda: 0, get_device_properties=lambda i: props)
+    )
     module, handle, info = gpu_clocks.open_for_torch(torch)
     assert module is nvml and handle == "h"
     assert info["available"] and info["driver"] == "570.86.15" and info["power_limit_w"] == 300.0
@@ -190,21 +222,50 @@ def test_merge_summaries():
 
 # --- bench's result: table, Markdown, model estimates ------------------------------------------
 
+
 def _result(is_v100=True, throttled=True):
     clocks = gpu_clocks.summarize([_sample(1312, 0x4 if throttled else 0), _sample(1267, 0x0, power=299.0)], 0.01)
     shape = Shape(4096, 32768, 6, 1, 256, True, 1 / 16)
     rows = []
     for route, ms in ((EXACT, 12.0), (GQA, 11.0)):
-        rows.append({"route": route, "shape": vars(shape).copy(), "label": shape.label, "median_ms": ms,
-                     "min_ms": ms - 0.1, "max_ms": ms + 0.2, "tflops": 50.0, "envelope_ok": True, "contract_ok": True,
-                     "sm_clock_after": "1267 MHz", "clocks": clocks, "throttled": clocks["throttled"]})
-    return {"gpu": "Tesla V100-SXM2-32GB" if is_v100 else "NVIDIA H200", "capability": "sm_70" if is_v100 else "sm_90",
-            "sms": 80, "torch": "2.9.1+cu128", "cuda": "12.8", "fa2patch": "0.1.0", "sm_clock_idle": "135 MHz",
-            "sm_clock_max": "1530 MHz", "driver": "570.86.15", "manifest_sha256": "ab" * 32,
-            "routes": [EXACT, GQA], "is_v100": is_v100,
-            "nvml": {"available": True, "device": "uuid GPU-1", "interval_ms": 10.0, "max_sm_clock_mhz": 1530,
-                     "power_limit_w": 300.0},
-            "results": rows}
+        rows.append(
+            {
+                "route": route,
+                "shape": vars(shape).copy(),
+                "label": shape.label,
+                "median_ms": ms,
+                "min_ms": ms - 0.1,
+                "max_ms": ms + 0.2,
+                "tflops": 50.0,
+                "envelope_ok": True,
+                "contract_ok": True,
+                "sm_clock_after": "1267 MHz",
+                "clocks": clocks,
+                "throttled": clocks["throttled"],
+            }
+        )
+    return {
+        "gpu": "Tesla V100-SXM2-32GB" if is_v100 else "NVIDIA H200",
+        "capability": "sm_70" if is_v100 else "sm_90",
+        "sms": 80,
+        "torch": "2.9.1+cu128",
+        "cuda": "12.8",
+        "fa2patch": "0.1.0",
+        "sm_clock_idle": "135 MHz",
+        "sm_clock_max": "1530 MHz",
+        "driver": "570.86.15",
+        "manifest_sha256": "ab" * 32,
+        "routes": [EXACT, GQA],
+        "is_v100": is_v100,
+        "nvml": {
+            "available": True,
+            "device": "uuid GPU-1",
+            "interval_ms": 10.0,
+            "max_sm_clock_mhz": 1530,
+            "power_limit_w": 300.0,
+        },
+        "results": rows,
+    }
 
 
 def _fake_report(monkeypatch, with_range: bool, fail=False):

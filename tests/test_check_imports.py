@@ -4,7 +4,6 @@ library, no test extra); a package built here shows what it refuses and what it 
 
 import subprocess
 import sys
-
 import tomllib
 
 from helpers import REPO

@@ -4,9 +4,9 @@ doctor or build with a message naming the lock, the field, and the expected and 
 
 import hashlib
 import tarfile
+import tomllib
 
 import pytest
-import tomllib
 
 from helpers import MINI_FILES, REPO, file_member, make_tar, reference_digest
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The shape of tools/fa2patch (issue 18): short modules, a shallow import graph without cycles, the
 model below the GPU commands, and no module reaching into another's private names. Computed from
 the sources' relative imports (`from . import x`, `from .x import y`, in functions too)."""
@@ -12,8 +13,20 @@ MAX_LINES = 450
 MAX_LAYERS = 8
 # The V100 model and report: they must load without the modules that build, verify or run the
 # extension on a GPU (report reads the extension through extension.py only).
-MODEL = ("report", "report_text", "sass_mix", "exact_route", "gqa_route", "calibration", "v100model", "phases",
-         "peer", "user_anchors", "shapes", "extension")
+MODEL = (
+    "report",
+    "report_text",
+    "sass_mix",
+    "exact_route",
+    "gqa_route",
+    "calibration",
+    "v100model",
+    "phases",
+    "peer",
+    "user_anchors",
+    "shapes",
+    "extension",
+)
 GPU_SIDE = ("bench", "smoke", "verify", "build", "tune", "tune_worker")
 
 
@@ -69,6 +82,11 @@ def test_the_model_imports_nothing_that_builds_verifies_or_runs_on_a_gpu():
 
 
 def test_no_module_imports_another_modules_private_names():
-    private = [(m, mod, n) for m in MODULES for mod, names in imports(m) for n in names
-               if n.startswith("_") and n != "__version__"]
+    private = [
+        (m, mod, n)
+        for m in MODULES
+        for mod, names in imports(m)
+        for n in names
+        if n.startswith("_") and n != "__version__"
+    ]
     assert private == []

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The peer vLLM runs on a V100 (TRITON_ATTN): its recorded sm_70 data, the launches rebuilt from
 it, and the main-loop finder that reads a kernel without tensor cores. CPU only; the
 re-derivation from vLLM's sources runs where FA2PATCH_PEER_PYTHON names a Python with vLLM's
@@ -10,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from fa2patch import peer, peer_compile, sass, sass_mix
+from fa2patch.routes import EXACT
 from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, load_data, load_v100
-from fa2patch.routes import EXACT
 
 DATA = load_data(peer.DATA)
 
 
 def shape(q, kv, hq, hkv, d, b=1, causal=True):
-    return Shape(q, kv, hq, hkv, d, causal, d ** -0.5, b)
+    return Shape(q, kv, hq, hkv, d, causal, d**-0.5, b)
 
 
 def test_recorded_data_parses_and_names_its_toolchain():
@@ -28,8 +29,14 @@ def test_recorded_data_parses_and_names_its_toolchain():
     assert set(DATA["variant"]) == set(peer_compile.VARIANTS)
     for name, var in DATA["variant"].items():
         kernel, d, hq, hkv, mode, tile = peer_compile.VARIANTS[name]
-        assert (var["kernel"], var["head_dim"], var["q_heads"], var["kv_heads"], var["mode"], var["tile_size"]) == \
-            (kernel, d, hq, hkv, mode, tile)
+        assert (var["kernel"], var["head_dim"], var["q_heads"], var["kv_heads"], var["mode"], var["tile_size"]) == (
+            kernel,
+            d,
+            hq,
+            hkv,
+            mode,
+            tile,
+        )
         assert var["num_warps"] == 4 and 0 < var["registers"] <= 255 and var["shared"] > 0
         assert ("loop" in var) == (kernel == "kernel_unified_attention")
 
@@ -78,7 +85,7 @@ def test_decode_grid_by_hand():
     assert its == [4] * (15 * 24) + [3] * 24
     launches, p = peer.peer_launches(s, data=DATA)
     assert [x.name for x in launches] == ["kernel_unified_attention", "reduce_segments"]
-    assert len(launches[1].iterations) == 3 * 32                       # one CTA per token and query head
+    assert len(launches[1].iterations) == 3 * 32  # one CTA per token and query head
     short = shape(1, 100, 32, 8, 128, b=3)
     assert peer.cta_iterations(short, peer.plan(short)) == [1] * (7 * 24) + [None] * (9 * 24)
 
@@ -128,9 +135,9 @@ def test_main_loop_without_hmma():
     search loop before it, the inner loop, nor the trailing self-branch; hot_loops finds none."""
     (f,) = sass.parse_sass(SYNTHETIC)
     assert f.hot_loops() == []
-    assert [(lp.start, lp.end) for lp in f.outer_loops()] == [(0x10, 0x30), (0x40, 0xb0), (0xd0, 0xd0)]
+    assert [(lp.start, lp.end) for lp in f.outer_loops()] == [(0x10, 0x30), (0x40, 0xB0), (0xD0, 0xD0)]
     main = f.main_loop()
-    assert (main.start, main.end, len(main.instrs)) == (0x40, 0xb0, 8)
+    assert (main.start, main.end, len(main.instrs)) == (0x40, 0xB0, 8)
     counts, mix = sass_mix.mix_of(main.instrs)
     assert (counts["fp32"], counts["fp16"], mix.fp32, mix.shared_passes) == (3, 1, 3, 4)
 
@@ -138,16 +145,28 @@ def test_main_loop_without_hmma():
 def test_fp16x2_and_local_memory_are_issue_only():
     """HADD2/HFMA2 (GV100's FP16 pipe) and LDL/STL have their own categories and stay out of the
     FP32 pipe and the shared-memory passes."""
-    text = "\n".join(f"        /*{i * 16:04x}*/                   {op} ;" for i, op in enumerate(
-        ["HFMA2 R0, R1, R2, R3", "HADD2.F32 R4, -RZ, R5.H0_H0", "STL [R1], R6", "LDL.LU R7, [R1]", "FFMA R8, R8, R8, R8"]))
+    text = "\n".join(
+        f"        /*{i * 16:04x}*/                   {op} ;"
+        for i, op in enumerate(
+            [
+                "HFMA2 R0, R1, R2, R3",
+                "HADD2.F32 R4, -RZ, R5.H0_H0",
+                "STL [R1], R6",
+                "LDL.LU R7, [R1]",
+                "FFMA R8, R8, R8, R8",
+            ]
+        )
+    )
     (f,) = sass.parse_sass("        Function : k\n" + text)
     counts, mix = sass_mix.mix_of(f.instrs)
     assert counts == {"fp16": 2, "local": 2, "fp32": 1}
     assert (mix.fp32, mix.shared_passes, mix.instructions) == (1, 0, 5)
 
 
-@pytest.mark.skipif(not os.environ.get("FA2PATCH_PEER_PYTHON"),
-                    reason="FA2PATCH_PEER_PYTHON: a Python with vLLM's Triton (3.8.x), e.g. a scratch venv")
+@pytest.mark.skipif(
+    not os.environ.get("FA2PATCH_PEER_PYTHON"),
+    reason="FA2PATCH_PEER_PYTHON: a Python with vLLM's Triton (3.8.x), e.g. a scratch venv",
+)
 def test_rederive_matches_the_recorded_data(tmp_path):
     """Compile vLLM's kernels again and read them: the same resources and mixes as recorded."""
     vllm_src = os.environ.get("FA2PATCH_PEER_VLLM_SRC")
@@ -155,8 +174,9 @@ def test_rederive_matches_the_recorded_data(tmp_path):
     assert data["source"]["triton"] == DATA["source"]["triton"]
     for name, var in DATA["variant"].items():
         new = data["variant"][name]
-        assert {k: new[k] for k in ("registers", "shared", "stack", "num_warps")} == \
-            {k: var[k] for k in ("registers", "shared", "stack", "num_warps")}
+        assert {k: new[k] for k in ("registers", "shared", "stack", "num_warps")} == {
+            k: var[k] for k in ("registers", "shared", "stack", "num_warps")
+        }
         if "loop" in var:
             assert new["loop"]["mix"] == var["loop"]["mix"]
             assert new["loop"]["model_mix"]["load_use_gaps"] == var["loop"]["model_mix"]["load_use_gaps"]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The toolchain pins have one home, baseline.lock: pyproject.toml's `build` extra pins the same
 versions (`fa2patch check` holds it to them) and the install script reads them from the lock. Every
 expectation here is computed from those files, so a pin change keeps the tests meaningful."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The real baseline and this repository's patch series: replay, round trip, build, verify."""
 
 import json
@@ -41,6 +42,7 @@ def test_sm70_build_writes_extension_and_manifest(built_sm70, real_project):
     artifact = built_sm70 / manifest["artifact"]["file"]
     assert artifact.name == "_vllm_fa2_C.abi3.so" and artifact.is_file()
     import hashlib
+
     assert manifest["artifact"]["sha256"] == hashlib.sha256(artifact.read_bytes()).hexdigest()
     assert manifest["source_tree_digest"] == lock["patches"][-1]["tree_digest"]
     assert manifest["source_matches_lock"] is True
@@ -62,8 +64,14 @@ def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
     assert result["ok"] and rows["varlen_fwd"]["ok"] and rows["fwd_kvcache"]["ok"] and rows["build_info"]["ok"]
     assert rows["gqa_prefill_fwd"]["ok"] and rows["gqa_prefill_workspace_bytes"]["ok"]
     # patch 0004's routing ops, split-KV and profile test hooks included
-    for name in ("route_stats", "_routing_prefill_splits_for_testing", "_routing_decide_for_testing",
-                 "_profile_check_for_testing", "_json_parse_for_testing", "_sha256_file_for_testing"):
+    for name in (
+        "route_stats",
+        "_routing_prefill_splits_for_testing",
+        "_routing_decide_for_testing",
+        "_profile_check_for_testing",
+        "_json_parse_for_testing",
+        "_sha256_file_for_testing",
+    ):
         assert rows[name]["ok"], rows.get(name)
 
 
@@ -127,14 +135,21 @@ except Exception as exc:
     raised = [type(exc).__name__, str(exc).splitlines()[0]]
 print(json.dumps({"info": info, "raised": raised}))
 """
-    out = subprocess.run([sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(built_sm70 / "_vllm_fa2_C.abi3.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["info"]["library"] == "_vllm_fa2_C"
     assert result["info"]["sm70_kernels"] == bool(result["info"]["routes"])
     kind, message = result["raised"]
-    assert kind == "NotImplementedError" and "Could not run '_vllm_fa2_C::varlen_fwd'" in message \
+    assert (
+        kind == "NotImplementedError"
+        and "Could not run '_vllm_fa2_C::varlen_fwd'" in message
         and "'CPU' backend" in message
+    )
 
 
 LONG_PREFILL_OPS = r"""
@@ -166,15 +181,29 @@ print(json.dumps({
 # Shapes of the oracle check: the reference workloads, short and long prompts, groups 1..16, two KV
 # heads, a key count that is no multiple of anything, empty and one-token calls; the first two and
 # (1, 1, 1, 1) have their workspace counted by hand below.
-PLAN_SHAPES = [(8000, 128000, 6, 1), (1, 1, 1, 1), (8000, 40000, 6, 1), (1024, 16384, 4, 1), (256, 640, 2, 1),
-               (777, 50001, 5, 1), (3000, 9000, 16, 2), (5, 0, 4, 4), (2048, 2048, 8, 8), (64, 8448, 1, 1),
-               (512, 512, 1, 1)]
+PLAN_SHAPES = [
+    (8000, 128000, 6, 1),
+    (1, 1, 1, 1),
+    (8000, 40000, 6, 1),
+    (1024, 16384, 4, 1),
+    (256, 640, 2, 1),
+    (777, 50001, 5, 1),
+    (3000, 9000, 16, 2),
+    (5, 0, 4, 4),
+    (2048, 2048, 8, 8),
+    (64, 8448, 1, 1),
+    (512, 512, 1, 1),
+]
 
 
 @pytest.fixture(scope="module")
 def long_prefill_ops(built_sm70):
-    out = subprocess.run([sys.executable, "-c", LONG_PREFILL_OPS, str(built_sm70 / "_vllm_fa2_C.abi3.so"),
-                          json.dumps(PLAN_SHAPES)], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", LONG_PREFILL_OPS, str(built_sm70 / "_vllm_fa2_C.abi3.so"), json.dumps(PLAN_SHAPES)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -202,12 +231,18 @@ def test_long_prefill_ops_on_a_gpu_less_machine(long_prefill_ops):
     assert kernel["route"] == routes.GQA and kernel["head_dim"] == 256 and kernel["warps"] == 4
     # Two CTAs per SM beside the static 1,408 bytes (tile maxima, row scales, bad-key marks).
     assert kernel["dynamic_smem"] <= 48 * 1024 - 1408
-    tiles = {t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"])
-             for t in kernel["tiles"]}
-    assert tiles == {"qk": (gqa_oracle.QK["rows"], gqa_oracle.QK["keys"], 256 // gqa_oracle.QK["stages"]),
-                     "pv": (gqa_oracle.PV["rows"], gqa_oracle.PV["keys"], 256)}
-    assert kernel["block_plan"] == {"min_block_keys": gqa_oracle.MIN_KEYS, "max_block_keys": gqa_oracle.MAX_KEYS,
-                                    "score_budget_bytes": gqa_oracle.BUDGET}
+    tiles = {
+        t["kind"]: (t["rows_per_cta"], t["keys_per_iteration"], t["head_dims_per_iteration"]) for t in kernel["tiles"]
+    }
+    assert tiles == {
+        "qk": (gqa_oracle.QK["rows"], gqa_oracle.QK["keys"], 256 // gqa_oracle.QK["stages"]),
+        "pv": (gqa_oracle.PV["rows"], gqa_oracle.PV["keys"], 256),
+    }
+    assert kernel["block_plan"] == {
+        "min_block_keys": gqa_oracle.MIN_KEYS,
+        "max_block_keys": gqa_oracle.MAX_KEYS,
+        "score_budget_bytes": gqa_oracle.BUDGET,
+    }
 
 
 def test_long_prefill_plan_op_agrees_with_the_oracle(long_prefill_ops):
@@ -236,8 +271,7 @@ def test_build_is_reproducible_from_another_project_folder(built_sm70, real_proj
     shutil.copytree(real_project.root, other, ignore=shutil.ignore_patterns("work", "build"))
     env = {**real_project.env, "FA2PATCH_ROOT": str(other)}
     for args in (["replay"], ["build", "--arch", "sm_70"]):
-        subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True, capture_output=True)
     mine = json.loads((built_sm70 / "manifest.json").read_text())["artifact"]["sha256"]
     theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())["artifact"]["sha256"]
     assert theirs == mine
@@ -262,8 +296,11 @@ def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real
     from fa2patch.build import BuildDescription
 
     desc = BuildDescription.load(real_workspace)
-    ours = sorted(str(p.relative_to(real_workspace)) for p in (real_workspace / "csrc/flash_attn/fa2patch").rglob("*")
-                  if p.suffix in (".cu", ".cpp"))
+    ours = sorted(
+        str(p.relative_to(real_workspace))
+        for p in (real_workspace / "csrc/flash_attn/fa2patch").rglob("*")
+        if p.suffix in (".cu", ".cpp")
+    )
     built = desc.host_sources + desc.arch("sm_70").cuda_sources
     assert [f for f in ours if f not in built] == []
     assert desc.arch("sm_90").cuda_sources == desc.arch("sm_70").cuda_sources
@@ -279,7 +316,7 @@ def test_one_instantiation_file_per_cpp_head_dim_each_built(real_workspace):
     cuda = BuildDescription.load(real_workspace).arch("sm_70").cuda_sources
     files = {int(m.group(1)): f for f in cuda if (m := re.fullmatch(rf"{SM70_DIR}/flash_fwd_sm70_hdim(\d+)\.cu", f))}
     assert sorted(files) == head_dims
-    for d, f in files.items():   # each file instantiates the head dim its name says, and only that one
+    for d, f in files.items():  # each file instantiates the head dim its name says, and only that one
         text = (real_workspace / f).read_text()
         assert re.findall(r"run_flash_fwd_sm70<(\d+)>", text) == [str(d)]
 
@@ -296,16 +333,25 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
     helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fa2patch_sources")
     namespace = {"os": os}
     exec(compile(ast.Module([helper], []), "setup.py", "exec"), namespace)
-    extension = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "CUDAExtension"
-                     and any(k.arg == "name" and getattr(k.value, "value", "") == "flash_attn_2_cuda" for k in n.keywords))
+    extension = next(
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and getattr(n.func, "id", "") == "CUDAExtension"
+        and any(k.arg == "name" and getattr(k.value, "value", "") == "flash_attn_2_cuda" for k in n.keywords)
+    )
     sources_expr = next(k.value for k in extension.keywords if k.arg == "sources")
-    sources = eval(compile(ast.Expression(sources_expr), "setup.py", "eval"),
-                   {**namespace, "this_dir": str(real_workspace)})
+    sources = eval(
+        compile(ast.Expression(sources_expr), "setup.py", "eval"), {**namespace, "this_dir": str(real_workspace)}
+    )
     desc = BuildDescription.load(real_workspace)
     # setup.py builds FA2's pybind module, so not the torch library (vllm_ops.cpp) nor its Python
     # module entry point (python_module.cpp).
-    expected = [s for s in desc.host_sources if s.startswith("csrc/flash_attn/fa2patch/")
-                and not s.endswith(("/vllm_ops.cpp", "/python_module.cpp"))] + desc.arch("sm_70").cuda_sources
+    expected = [
+        s
+        for s in desc.host_sources
+        if s.startswith("csrc/flash_attn/fa2patch/") and not s.endswith(("/vllm_ops.cpp", "/python_module.cpp"))
+    ] + desc.arch("sm_70").cuda_sources
     assert [s for s in sources if "/fa2patch/" in s] == expected
     assert len(sources) == len(set(sources)) and all((real_workspace / s).is_file() for s in sources)
 
@@ -321,8 +367,11 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)
-    functions = [f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"],
-                                                           artifact)) if f.arch == "sm_70"]
+    functions = [
+        f
+        for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], artifact))
+        if f.arch == "sm_70"
+    ]
     built = list(toolchain.demangle([f.name for f in functions]).values())
     listed = []
     for k in info["kernels"]:
@@ -353,6 +402,11 @@ def test_route_names_are_written_once_in_each_language(real_workspace):
     cpp = dict(re.findall(r"constexpr const char \*(k\w+Route) = \"([^\"]+)\";", header))
     assert cpp == {"kDenseRoute": routes.EXACT, "kGqaPrefillRoute": routes.GQA, "kDenseSplitKvRoute": routes.SPLITKV}
     names = re.compile("|".join(re.escape(f'"{n}"') for n in cpp.values()))
-    elsewhere = [str(p.relative_to(real_workspace)) for p in fa2patch_dir.rglob("*")
-                 if p.suffix in (".h", ".cuh", ".cpp", ".cu") and p.name != "route_names.h" and names.search(re.sub(r"//.*", "", p.read_text()))]
+    elsewhere = [
+        str(p.relative_to(real_workspace))
+        for p in fa2patch_dir.rglob("*")
+        if p.suffix in (".h", ".cuh", ".cpp", ".cu")
+        and p.name != "route_names.h"
+        and names.search(re.sub(r"//.*", "", p.read_text()))
+    ]
     assert elsewhere == []

@@ -106,11 +106,11 @@ def test_the_contract_judges_as_it_says():
 
     g = torch.Generator().manual_seed(3)
     ref = torch.randn(64, 4, 32, generator=g)
-    fp16 = ref + 1e-4 * torch.randn(ref.shape, generator=g)             # torch's fp16 result, say
+    fp16 = ref + 1e-4 * torch.randn(ref.shape, generator=g)  # torch's fp16 result, say
     assert compare(fp16, ref, fp16)["ok"]
     far = compare(ref + 3 * (fp16 - ref), ref, fp16)
     assert not far["ok"] and far["max_abs"] > far["bar"] and far["rel_l2"] <= numerics.REL_L2_MAX
-    wide = ref + 100 * (fp16 - ref)                                      # a bar wide enough for anything below
+    wide = ref + 100 * (fp16 - ref)  # a bar wide enough for anything below
     for scale, ok in ((0.5, True), (2.0, False)):
         noise = torch.randn(ref.shape, generator=g)
         out = ref + noise * (scale * numerics.REL_L2_MAX * ref.norm() / noise.norm())

@@ -2,10 +2,10 @@
 """replay/export/check on a small baseline: determinism, round trip, tampering, atomicity."""
 
 import hashlib
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 
 def _add_patch(mini, subject, body, edits):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The V100 cycle model (v100model) term by term, with cycles computed by hand, and its
 calibration against the published anchors (data/anchors.toml, calibration.py)."""
 
@@ -5,9 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from fa2patch import calibration as c
-from fa2patch import sass_mix
-from fa2patch import v100model as m
+from fa2patch import calibration as c, sass_mix, v100model as m
 from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
 
 V100 = m.load_v100()
@@ -32,7 +31,9 @@ def test_the_parameters_agree_with_the_hardware_and_the_clock_model_with_its_anc
     clocks = [m.clock_for_duty(d, V100) for d in (0.0, lo, (lo + hi) / 2, hi, 1.0)]
     assert clocks[:2] == [V100["boost_clock_mhz"]] * 2 and clocks[3:] == [CAPPED] * 2
     assert clocks[1] > clocks[2] > clocks[3]
-    entry = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())["sustained_tensor_clock_mhz"]
+    entry = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())[
+        "sustained_tensor_clock_mhz"
+    ]
     assert entry["value"] == sum(entry["quoted_values"]) / 2 == CAPPED
 
 
@@ -61,8 +62,8 @@ def test_a_shuffle_takes_one_shared_memory_pass():
 def test_a_lone_warp_issues_mma_at_the_measured_rate_and_two_fill_the_pipe():
     mix = LoopMix(hmma_f32_steps=512)
     assert mix.pipes(1, V100)["tensor"] == 512 * 2 and mix.pipes(2, V100)["tensor"] == 2 * 512 * 2
-    assert mix.sustained_pipes(1, V100)["tensor"] == pytest.approx(512 * 8.382812 / 4)   # one warp: 8.38 per mma
-    assert mix.sustained_pipes(2, V100)["tensor"] == 2 * 512 * 2                        # two: the pipe's 8
+    assert mix.sustained_pipes(1, V100)["tensor"] == pytest.approx(512 * 8.382812 / 4)  # one warp: 8.38 per mma
+    assert mix.sustained_pipes(2, V100)["tensor"] == 2 * 512 * 2  # two: the pipe's 8
 
 
 @pytest.mark.parametrize("bytes_per_lane, passes", [(16, 4), (8, 2), (4, 1), (2, 1), (1, 1)])
@@ -74,11 +75,15 @@ def test_bank_passes_of_one_warp_wide_access(bytes_per_lane, passes):
 def test_bank_passes_and_bytes_of_published_access_groups():
     # 48 LDS.128 + 20 STS.64: 48*4 + 20*2 = 232 passes, 48*512 + 20*256 bytes.
     assert m.shared_passes([{"count": 48, "bytes_per_lane": 16}, {"count": 20, "bytes_per_lane": 8}]) == (
-        232, 48 * 512 + 20 * 256)
+        232,
+        48 * 512 + 20 * 256,
+    )
     # 252 loads of 45,568 B, 128 of them 16-bit (one pass each for 64 B), the rest >= 32-bit:
     # 128 + (45,568 - 128*64) / 128 = 128 + 292 = 420 passes; bytes stay 45,568.
     assert m.shared_passes([{"count": 252, "total_bytes": 45568, "narrow": 128, "narrow_bytes_per_lane": 2}]) == (
-        420, 45568)
+        420,
+        45568,
+    )
 
 
 def test_exposed_latency_depends_on_the_warps_that_issue_between_load_and_use():
@@ -86,7 +91,7 @@ def test_exposed_latency_depends_on_the_warps_that_issue_between_load_and_use():
     # One warp: (L-10) + (L-100) + 0; two warps issue twice the instructions in between.
     assert mix.exposed_latency(1, V100) == (LATENCY - 10) + (LATENCY - 100)
     assert mix.exposed_latency(2, V100) == (LATENCY - 20) + (LATENCY - 200)
-    assert LoopMix().exposed_latency(1, V100) == 0   # loads issued ahead: no round
+    assert LoopMix().exposed_latency(1, V100) == 0  # loads issued ahead: no round
 
 
 def test_makespan_dispatches_ctas_in_order_to_the_first_free_slot():
@@ -100,8 +105,14 @@ def test_makespan_dispatches_ctas_in_order_to_the_first_free_slot():
 
 
 def launch(**kw):
-    base = dict(name="k", loop=LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10),
-                iterations=(3, 1), warps_per_cta=4, ctas_per_sm=1, prologue_load_rounds=0)
+    base = dict(
+        name="k",
+        loop=LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10),
+        iterations=(3, 1),
+        warps_per_cta=4,
+        ctas_per_sm=1,
+        prologue_load_rounds=0,
+    )
     return KernelLaunch(**{**base, **kw})
 
 
@@ -109,8 +120,11 @@ def test_one_cta_per_sm_pays_pipe_plus_latency_plus_epilogue():
     # W=1: tensor 40 steps x 2.095 = 83.8, issue 100, shared 10*4 = 40 -> pipe 100 (issue). One
     # exposed round with a gap of 20: L-20. Epilogue: 50 instructions, 40 FP32 (80 cycles) -> 80.
     # Prologue: 1 round. Without a SASS timing the iteration is pipe + exposed latency.
-    x = launch(loop=LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10, load_use_gaps=(20,)),
-               epilogue=LoopMix(instructions=50, fp32=40), prologue_load_rounds=1)
+    x = launch(
+        loop=LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10, load_use_gaps=(20,)),
+        epilogue=LoopMix(instructions=50, fp32=40),
+        prologue_load_rounds=1,
+    )
     card = Card(sms=1, clock_mhz=1000)
     est = m.estimate_launch(x, card, V100)
     per_it = 100 + (LATENCY - 20)
@@ -133,18 +147,20 @@ def test_a_timed_iteration_replaces_pipe_plus_latency_for_the_warps_it_was_timed
 def test_a_second_cta_per_sm_hides_a_ctas_serial_phase_up_to_the_pipes():
     # k=2: every resident CTA advances an iteration in max(2 x pipe, one CTA's iteration).
     short = launch(loop=LoopMix(instructions=100, critical_cycles=150, critical_warps=1), ctas_per_sm=2)
-    assert m.estimate_launch(short, Card(1, 1000), V100)["round_cycles"] == 200        # 2*100 > 150
+    assert m.estimate_launch(short, Card(1, 1000), V100)["round_cycles"] == 200  # 2*100 > 150
     long = launch(loop=LoopMix(instructions=100, critical_cycles=350, critical_warps=1), ctas_per_sm=2)
     assert m.estimate_launch(long, Card(1, 1000), V100)["round_cycles"] == 350
     untimed = launch(loop=LoopMix(instructions=100, load_use_gaps=(0,)), ctas_per_sm=2)
     assert m.estimate_launch(untimed, Card(1, 1000), V100)["round_cycles"] == 100 + LATENCY
 
 
-@pytest.mark.parametrize("duty, mhz", [(0.0, 1530), (0.3983, 1530), (0.9004, CAPPED), (1.0, CAPPED),
-                                       ((0.3983 + 0.9004) / 2, (1530 + CAPPED) / 2)])
+@pytest.mark.parametrize(
+    "duty, mhz",
+    [(0.0, 1530), (0.3983, 1530), (0.9004, CAPPED), (1.0, CAPPED), ((0.3983 + 0.9004) / 2, (1530 + CAPPED) / 2)],
+)
 def test_the_clock_falls_from_boost_to_the_power_capped_clock_as_the_tensor_duty_rises(duty, mhz):
     assert m.clock_for_duty(duty, V100) == pytest.approx(mhz)
-    assert Card(80, 1312).clock_at(duty, V100) == pytest.approx(min(1312, mhz))   # a locked clock caps it
+    assert Card(80, 1312).clock_at(duty, V100) == pytest.approx(min(1312, mhz))  # a locked clock caps it
 
 
 def test_a_route_runs_at_the_clock_of_its_overall_tensor_duty_and_hbm_bounds_a_launch():
@@ -167,7 +183,9 @@ def test_calibration_scales_every_cycle_and_adds_cycles_to_fused_ctas_only():
     base = launch(iterations=(3, 1), epilogue=LoopMix(instructions=50), prologue_load_rounds=1)
     one = m.estimate_launch(base, Card(1, 1000), V100)
     cal = Calibration(cycle_factor=1.5, cta_cycles=1000)
-    assert m.estimate_launch(base, Card(1, 1000), V100, cal)["compute_cycles"] == pytest.approx(1.5 * one["compute_cycles"])
+    assert m.estimate_launch(base, Card(1, 1000), V100, cal)["compute_cycles"] == pytest.approx(
+        1.5 * one["compute_cycles"]
+    )
     fused = m.estimate_launch(replace(base, fused=True), Card(1, 1000), V100, cal)
     assert fused["compute_cycles"] == pytest.approx(1.5 * one["compute_cycles"] + 2 * 1000)
 
@@ -201,13 +219,22 @@ def test_fa2_grid_iterations_by_hand():
 
 # --- Calibration ------------------------------------------------------------------------------
 
-PUBLISHED = {"split-D Q=KV=1024": 0.213, "split-D Q=KV=4096": 1.779, "split-D Q=KV=8192": 5.425,
-             "split-D Q=4096 KV=8K": 4.6572, "split-D Q=4096 KV=32K": 22.5864, "split-D Q=4096 KV=64K": 46.4625,
-             "split-D Q=4096 KV=128K": 94.7456, "split-D paged Q=4096 KV=8K": 5.0542,
-             "split-D paged Q=4096 KV=64K": 50.4504, "split-D paged Q=4096 KV=128K": 103.842,
-             "split-D paged Q=4096 KV=256K": 210.7364,
-             "prefill Q=8000 KV=40K": 30.27579 - 4.83, "prefill Q=8000 KV=128K": 100.20284 - 4.83,
-             "cuBLAS FP16 GEMM": 83.45}
+PUBLISHED = {
+    "split-D Q=KV=1024": 0.213,
+    "split-D Q=KV=4096": 1.779,
+    "split-D Q=KV=8192": 5.425,
+    "split-D Q=4096 KV=8K": 4.6572,
+    "split-D Q=4096 KV=32K": 22.5864,
+    "split-D Q=4096 KV=64K": 46.4625,
+    "split-D Q=4096 KV=128K": 94.7456,
+    "split-D paged Q=4096 KV=8K": 5.0542,
+    "split-D paged Q=4096 KV=64K": 50.4504,
+    "split-D paged Q=4096 KV=128K": 103.842,
+    "split-D paged Q=4096 KV=256K": 210.7364,
+    "prefill Q=8000 KV=40K": 30.27579 - 4.83,
+    "prefill Q=8000 KV=128K": 100.20284 - 4.83,
+    "cuBLAS FP16 GEMM": 83.45,
+}
 
 
 def test_every_anchor_is_as_published_and_within_the_targets():
@@ -216,12 +243,17 @@ def test_every_anchor_is_as_published_and_within_the_targets():
     cal = c.calibrate()
     assert cal["targets"] == {"residual": 0.10, "loo": 0.15}
     assert {a["name"]: pytest.approx(a["measured"]) for a in cal["anchors"]} == PUBLISHED
-    bad = [(a["name"], round(a["residual"], 3), round(a["loo_residual"], 3)) for a in cal["anchors"]
-           if not a["outlier"] and (abs(a["residual"]) > 0.10 or abs(a["loo_residual"]) > 0.15)]
+    bad = [
+        (a["name"], round(a["residual"], 3), round(a["loo_residual"], 3))
+        for a in cal["anchors"]
+        if not a["outlier"] and (abs(a["residual"]) > 0.10 or abs(a["loo_residual"]) > 0.15)
+    ]
     assert not bad, f"outside the targets with {cal['parameters']}: {bad}"
     assert cal["within_targets"] and all(a["source"] for a in cal["anchors"])
-    assert cal["loo_range"] == [min(a["loo_residual"] for a in cal["anchors"]),
-                                max(a["loo_residual"] for a in cal["anchors"])]
+    assert cal["loo_range"] == [
+        min(a["loo_residual"] for a in cal["anchors"]),
+        max(a["loo_residual"] for a in cal["anchors"]),
+    ]
 
 
 def synthetic(parameters: Calibration):
@@ -229,8 +261,9 @@ def synthetic(parameters: Calibration):
     fused grids of three lengths and a rate anchor."""
     data = m.load_data("anchors.toml")
     kernels = {k["name"]: k for k in data["kernel"]}
-    anchors = [a for a in data["anchor"] if a["name"].startswith("split-D Q=")][:4] + \
-              [a for a in data["anchor"] if a["workload"]["kind"] == "tensor-peak"]
+    anchors = [a for a in data["anchor"] if a["name"].startswith("split-D Q=")][:4] + [
+        a for a in data["anchor"] if a["workload"]["kind"] == "tensor-peak"
+    ]
     out = []
     for a in anchors:
         value = c.estimate(a, kernels, V100, parameters)
@@ -248,13 +281,13 @@ def test_the_fit_recovers_known_parameters():
 
 def test_leave_one_out_residuals_are_the_fit_without_the_anchor():
     anchors, kernels = synthetic(Calibration(1.3, 20000))
-    anchors[0] = {**anchors[0], "measured_ms": anchors[0]["measured_ms"] * 1.2}     # one anchor 20% slow
+    anchors[0] = {**anchors[0], "measured_ms": anchors[0]["measured_ms"] * 1.2}  # one anchor 20% slow
     data = {"kernel": list(kernels.values()), "anchor": anchors, "targets": {"residual": 0.1, "loo": 0.15}}
     cal = c.calibrate(V100, data)
     without = c.fit(anchors[1:], kernels, V100)
     expected = anchors[0]["measured_ms"] / c.estimate(anchors[0], kernels, V100, without) - 1
     assert cal["anchors"][0]["loo_residual"] == pytest.approx(expected)
-    assert expected == pytest.approx(0.2, abs=0.01)                  # the others still say (1.3, 20000)
+    assert expected == pytest.approx(0.2, abs=0.01)  # the others still say (1.3, 20000)
     assert cal["anchors"][0]["residual"] < expected
 
 
@@ -262,9 +295,9 @@ def test_ranges_and_separation_by_hand():
     cal = {"loo_range": [-0.1, 0.2]}
     a = c.with_range(10.0, cal)
     assert (a["calibrated_ms_low"], a["calibrated_ms_high"]) == (pytest.approx(9.0), pytest.approx(12.0))
-    b = c.with_range(13.0, cal)          # 11.7 .. 15.6 overlaps 9 .. 12
+    b = c.with_range(13.0, cal)  # 11.7 .. 15.6 overlaps 9 .. 12
     assert not c.separated(a, b) and c.faster_if_separated(a, b) == "not separated"
-    d = c.with_range(14.0, cal)          # 12.6 .. 16.8 does not
+    d = c.with_range(14.0, cal)  # 12.6 .. 16.8 does not
     assert c.separated(a, d) and c.faster_if_separated(a, d) == "a" and c.faster_if_separated(d, a) == "b"
     # The range always holds the point, even if every residual has one sign.
     assert c.with_range(5.0, {"loo_range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
@@ -294,10 +327,12 @@ def test_prefill_anchor_launches_and_measured_time():
     assert c.measured(anchor) == (pytest.approx(30.27579 - 4.83), "ms")
 
 
-SCRATCH = {"split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),        # PagedKV = false
-           "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
-           "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
-           "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined")}
+SCRATCH = {
+    "split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),  # PagedKV = false
+    "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
+    "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
+    "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined"),
+}
 
 
 @pytest.mark.parametrize("name", sorted(SCRATCH))
@@ -314,14 +349,18 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
     function = next(f for f in sass.parse_sass(Path(path).read_text()) if part in f.name)
     record = sass_mix.sass_record(function, kernel["warps"], V100)
-    assert {k: kernel["loop"][k] for k in ("critical_cycles", "critical_warps")} == \
-        {k: record["loop"][k] for k in ("critical_cycles", "critical_warps")}
+    assert {k: kernel["loop"][k] for k in ("critical_cycles", "critical_warps")} == {
+        k: record["loop"][k] for k in ("critical_cycles", "critical_warps")
+    }
     assert kernel["outside"] == record["outside"]
-    assert (kernel["loop"]["instructions"], kernel["loop"].get("hmma_f32_steps", 0) + kernel["loop"].get("hmma_f16_steps", 0)) == \
-        (record["loop"]["instructions"], record["loop"]["hmma_f32_steps"] + record["loop"]["hmma_f16_steps"])
+    assert (
+        kernel["loop"]["instructions"],
+        kernel["loop"].get("hmma_f32_steps", 0) + kernel["loop"].get("hmma_f16_steps", 0),
+    ) == (record["loop"]["instructions"], record["loop"]["hmma_f32_steps"] + record["loop"]["hmma_f16_steps"])
 
 
 # --- From SASS to a loop mix (report.py) ---------------------------------------------------------
+
 
 def function(lines: list[str]):
     """A SassFunction from 'OP args' lines, 16 bytes apart; 'BRA @label' / '@label:' mark branches."""
@@ -347,9 +386,18 @@ def function(lines: list[str]):
 def test_mix_reads_the_step_form_and_counts_passes_not_bytes():
     from fa2patch.sass_mix import mix_of
 
-    f = function(["HMMA.884.F32.F32.STEP0 R0, R8.ROW, R10.COL, R0", "HMMA.884.F16.F16.STEP1 R4, R8, R10, R4",
-                  "LDS.U.128 R20, [R2]", "LDS.U16 R24, [R2+0x10]", "STS.64 [R3], R20", "FFMA R1, R1, R1, R1",
-                  "MUFU.EX2 R1, R1", "IADD3 R2, R2, 0x4, RZ"])
+    f = function(
+        [
+            "HMMA.884.F32.F32.STEP0 R0, R8.ROW, R10.COL, R0",
+            "HMMA.884.F16.F16.STEP1 R4, R8, R10, R4",
+            "LDS.U.128 R20, [R2]",
+            "LDS.U16 R24, [R2+0x10]",
+            "STS.64 [R3], R20",
+            "FFMA R1, R1, R1, R1",
+            "MUFU.EX2 R1, R1",
+            "IADD3 R2, R2, 0x4, RZ",
+        ]
+    )
     counts, mix = mix_of(f.instrs)
     assert (mix.hmma_f32_steps, mix.hmma_f16_steps, mix.instructions) == (1, 1, 8)
     assert mix.pipes(1, V100)["tensor"] == 2 + 4
@@ -361,16 +409,27 @@ def test_mix_reads_the_step_form_and_counts_passes_not_bytes():
 def test_load_rounds_waiting_in_the_same_iteration_and_loads_issued_ahead():
     from fa2patch.sass_mix import load_use_gaps
 
-    same = function(["LDG.E.128.SYS R4, [R2]", "IADD3 R9, R9, 1, RZ", "LDG.E.128.SYS R12, [R2+0x10]",
-                     "STS.128 [R3], R6", "STS.128 [R3+0x10], R12",          # one round: uses R6 of R4..R7
-                     "LDG.E.64 R20, [R2+0x20]", "NOP", "NOP", "FADD R1, R21, R1"])   # a second round
+    same = function(
+        [
+            "LDG.E.128.SYS R4, [R2]",
+            "IADD3 R9, R9, 1, RZ",
+            "LDG.E.128.SYS R12, [R2+0x10]",
+            "STS.128 [R3], R6",
+            "STS.128 [R3+0x10], R12",  # one round: uses R6 of R4..R7
+            "LDG.E.64 R20, [R2+0x20]",
+            "NOP",
+            "NOP",
+            "FADD R1, R21, R1",
+        ]
+    )  # a second round
     assert load_use_gaps(same.instrs) == [3, 3]
     # Loads at the bottom whose registers nothing below reads: issued ahead, no round.
     ahead = function(["HMMA.884.F32.F32.STEP0 R0, R16, R18, R0", "LDG.E.128.SYS R16, [R2]"])
     assert load_use_gaps(ahead.instrs) == []
     # An address that comes from a pending load waits for it (block table, then the page).
-    chained = function(["LDG.E.SYS R5, [R4]", "IMAD.WIDE R6, R5, 0x4, R8", "LDG.E.128.SYS R12, [R6]",
-                        "STS.128 [R3], R12"])
+    chained = function(
+        ["LDG.E.SYS R5, [R4]", "IMAD.WIDE R6, R5, 0x4, R8", "LDG.E.128.SYS R12, [R6]", "STS.128 [R3], R12"]
+    )
     assert load_use_gaps(chained.instrs) == [1, 1]
 
 
@@ -379,8 +438,11 @@ def test_the_route_timer_is_estimate_route_as_a_function_of_the_parameters():
     parameters it must give estimate_route's time: fused and unfused launches, CTAs of several
     kinds, HBM-bound launches, the clock by duty or a measured one."""
     fused = launch(iterations=(5, 1, 7, 3, 2, 9), fused=True, ctas_per_sm=2)
-    gemm = launch(loop=LoopMix(instructions=100, hmma_f32_steps=100, critical_cycles=150, critical_warps=1),
-                  iterations=(4, 4, 4, 1), more=(m.CtaKind(LoopMix(instructions=30), (2, 6)),))
+    gemm = launch(
+        loop=LoopMix(instructions=100, hmma_f32_steps=100, critical_cycles=150, critical_warps=1),
+        iterations=(4, 4, 4, 1),
+        more=(m.CtaKind(LoopMix(instructions=30), (2, 6)),),
+    )
     hbm = launch(iterations=(1,), hbm_bytes=5e6)
     for launches in ([fused], [gemm, fused, hbm], [hbm]):
         for clock in (None, 1312.0):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report --shapes on the CPU: the sm70-dense route's grid from build_info()'s geometry, decode
 splits, and the bound/model/calibrated arithmetic, against independent walks and hand counts."""
 
@@ -7,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.shapes import Shape, parse_shapes
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.exact_route import dense_plan, fa2_num_splits
 from fa2patch.report import predict, route_geometry
-from fa2patch.v100model import Card, LoopMix, load_v100
 from fa2patch.routes import EXACT
+from fa2patch.shapes import Shape, parse_shapes
+from fa2patch.v100model import Card, LoopMix, load_v100
 from helpers import REPO
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -22,19 +23,29 @@ CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_rang
 
 def geometry(head_dim, rows=64, keys=32, warps=4):
     """A build_info() kernel entry as the extension declares it."""
-    return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
-            "warps": warps}
+    return {
+        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
+        "threads": 32 * warps,
+        "dynamic_smem": 1024,
+        "route": EXACT,
+        "head_dim": head_dim,
+        "rows_per_cta": rows,
+        "keys_per_iteration": keys,
+        "warps": warps,
+    }
 
 
 def loop(hmma, **mix):
-    return {"mix": {"hmma": hmma}, "model_mix": {**vars(LoopMix()), **mix},
-            "cycles": LoopMix(**mix).pipes(1, V100)}
+    return {"mix": {"hmma": hmma}, "model_mix": {**vars(LoopMix()), **mix}, "cycles": LoopMix(**mix).pipes(1, V100)}
 
 
 def kernel_row(geo, loops, blocks_per_sm=1):
-    return {"kernel": f"void fa2patch::sm70::{geo['kernel']}(flash::Flash_fwd_params)", "geometry": geo,
-            "occupancy": {"blocks_per_sm": blocks_per_sm}, "hot_loops": loops}
+    return {
+        "kernel": f"void fa2patch::sm70::{geo['kernel']}(flash::Flash_fwd_params)",
+        "geometry": geo,
+        "occupancy": {"blocks_per_sm": blocks_per_sm},
+        "hot_loops": loops,
+    }
 
 
 # d=64: of its two loops with 256 HMMA the cheaper (600 instructions, issue-bound) is charged;
@@ -42,8 +53,7 @@ def kernel_row(geo, loops, blocks_per_sm=1):
 # fewer HMMA is cheaper still, so choosing by cycles alone would too. A d=32 kernel is a decoy.
 KERNELS = [
     kernel_row(geometry(32), [loop(128, instructions=5000)]),
-    kernel_row(geometry(64), [loop(8, instructions=100), loop(256, instructions=700),
-                              loop(256, instructions=600)]),
+    kernel_row(geometry(64), [loop(8, instructions=100), loop(256, instructions=700), loop(256, instructions=600)]),
 ]
 
 
@@ -64,8 +74,9 @@ def brute_force_cta_iterations(q, kv, hq, causal, rows, keys):
 
 
 @pytest.mark.parametrize("rows, keys, warps", [(64, 32, 4), (128, 64, 8), (16, 16, 1)])
-@pytest.mark.parametrize("q, kv", [(1000, 31), (64, 64), (100, 50), (50, 100), (130, 70), (8000, 40000),
-                                   (700, 333), (64, 1)])
+@pytest.mark.parametrize(
+    "q, kv", [(1000, 31), (64, 64), (100, 50), (50, 100), (130, 70), (8000, 40000), (700, 333), (64, 1)]
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_grid_comes_from_the_build_geometry_and_matches_a_brute_force_walk(rows, keys, warps, q, kv, causal):
     kernels = [kernel_row(geometry(64, rows, keys, warps), [loop(256, instructions=600)])]
@@ -76,8 +87,9 @@ def test_grid_comes_from_the_build_geometry_and_matches_a_brute_force_walk(rows,
 
 def test_a_tile_change_changes_the_prediction():
     shape = Shape(8192, 8192, 6, 1, 64, True, 0.125)
-    small, big = ([kernel_row(geometry(64, r, k, w), [loop(256, instructions=600)])] for r, k, w in
-                  ((64, 32, 4), (128, 64, 8)))
+    small, big = (
+        [kernel_row(geometry(64, r, k, w), [loop(256, instructions=600)])] for r, k, w in ((64, 32, 4), (128, 64, 8))
+    )
     a = predict(shape, small, Card(), V100, CALIBRATION, ARTIFACT)
     b = predict(shape, big, Card(), V100, CALIBRATION, ARTIFACT)
     assert a["launches"][0]["ctas"] == 6 * 128 and b["launches"][0]["ctas"] == 6 * 64
@@ -91,15 +103,21 @@ def test_prediction_arithmetic_by_hand():
     p = predict(Shape(640, 320, 9, 1, 64, False, 0.125), KERNELS, Card(80, 1000), V100, CALIBRATION, ARTIFACT)
     main = p["launches"][0]
     assert (p["kernel"], main["ctas"], main["cta_iterations"], p["plan"]["splits"]) == (
-        "flash_fwd_sm70_kernel<64>", 90, 900, 1)
+        "flash_fwd_sm70_kernel<64>",
+        90,
+        900,
+        1,
+    )
     assert main["round_cycles"] == 600 and main["binding"] == "issue"
     # Model: each CTA = 1 prologue round (L) + 10 x 600; 90 CTAs on 80 slots: two in a row somewhere.
     latency = V100["dependent_ldg_l2_hit_cycles"]
     assert main["compute_cycles"] == pytest.approx(2 * (latency + 6000))
     assert p["model_ms"] == pytest.approx(2 * (latency + 6000) / 1e9 * 1e3)
     assert p["calibrated_ms"] == pytest.approx(1.5 * p["model_ms"])
-    assert (p["calibrated_ms_low"], p["calibrated_ms_high"]) == (pytest.approx(0.9 * p["calibrated_ms"]),
-                                                                 pytest.approx(1.2 * p["calibrated_ms"]))
+    assert (p["calibrated_ms_low"], p["calibrated_ms_high"]) == (
+        pytest.approx(0.9 * p["calibrated_ms"]),
+        pytest.approx(1.2 * p["calibrated_ms"]),
+    )
     assert p["calibrated_tflops_high"] == pytest.approx(p["useful_flops"] / (p["calibrated_ms_low"] * 1e-3) / 1e12)
     # Bound: throughput 900 x 600 / 80 = 6750; whole CTAs: some SM runs two of the 81 longest:
     # 2 x 10 x 600 = 12000 cycles at the card's 1000 MHz.
@@ -117,7 +135,7 @@ def test_fa2_split_heuristic_by_hand():
     # those that change ceil(32/s): 1..8, 11, 16, 32. Efficiency 8s/160 / ceil(8s/160): s=16 and
     # s=32 give 0.8 (the best), s=11 0.55: the first >= 0.85 x 0.8 is 16.
     assert fa2_num_splits(8, 160, 32) == 16
-    assert fa2_num_splits(128, 160, 32) == 1            # >= 0.8 x SMs: one split
+    assert fa2_num_splits(128, 160, 32) == 1  # >= 0.8 x SMs: one split
     assert fa2_num_splits(1, 160, 1) == 1
 
 
@@ -127,8 +145,13 @@ def test_decode_with_grouped_heads_swaps_heads_into_rows_and_splits():
     # keys: 8 per split; 16 x 8 CTAs, then the combine kernel.
     shape = Shape(1, 4096, 32, 8, 128, True, 0.1)
     kernels = [kernel_row(geometry(128), [loop(512, instructions=900)], blocks_per_sm=2)]
-    assert dense_plan(shape, kernels[0]["geometry"], Card()) == {"rows": 4, "heads": 8, "causal": False,
-                                                                 "splits": 16, "swapped": True}
+    assert dense_plan(shape, kernels[0]["geometry"], Card()) == {
+        "rows": 4,
+        "heads": 8,
+        "causal": False,
+        "splits": 16,
+        "swapped": True,
+    }
     p = predict(shape, kernels, Card(), V100, CALIBRATION, ARTIFACT)
     main, combine = p["launches"]
     assert (main["ctas"], main["cta_iterations"], main["ctas_per_sm"]) == (128, 128 * 8, 2)
@@ -149,16 +172,26 @@ def test_decode_batch_and_mha_decode():
 
 
 def test_route_geometry_is_read_and_checked():
-    info = {"kernels": [geometry(256), geometry(64), {"kernel": "splitkv_combine_sm70_kernel", "threads": 128,
-                                                       "dynamic_smem": 0, "route": None}]}
+    info = {
+        "kernels": [
+            geometry(256),
+            geometry(64),
+            {"kernel": "splitkv_combine_sm70_kernel", "threads": 128, "dynamic_smem": 0, "route": None},
+        ]
+    }
     assert [g["head_dim"] for g in route_geometry(info, ARTIFACT)] == [64, 256]
     old = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<64>", "threads": 128, "dynamic_smem": 23552}]}
-    with pytest.raises(EnvironmentProblem, match=r"/nowhere/_vllm_fa2_C.abi3.so: build_info\(\) declares no kernel "
-                                                 r"of route sm70-dense: its kernel entries have the fields "
-                                                 r"dynamic_smem, kernel, threads; report needs route, head_dim"):
+    with pytest.raises(
+        EnvironmentProblem,
+        match=r"/nowhere/_vllm_fa2_C.abi3.so: build_info\(\) declares no kernel "
+        r"of route sm70-dense: its kernel entries have the fields "
+        r"dynamic_smem, kernel, threads; report needs route, head_dim",
+    ):
         route_geometry(old, ARTIFACT)
     partial = {"kernels": [{**geometry(64), "keys_per_iteration": None}]}
-    with pytest.raises(EnvironmentProblem, match="'flash_fwd_sm70_kernel<64>' of route sm70-dense lacks keys_per_iteration"):
+    with pytest.raises(
+        EnvironmentProblem, match="'flash_fwd_sm70_kernel<64>' of route sm70-dense lacks keys_per_iteration"
+    ):
         route_geometry(partial, ARTIFACT)
     wrong = {"kernels": [{**geometry(64), "threads": 256}]}
     with pytest.raises(EnvironmentProblem, match="threads expected 32 x warps = 128, actual 256"):
@@ -172,8 +205,7 @@ def test_missing_route_kernel_and_unsupported_head_dim_are_refused():
         with pytest.raises(EnvironmentProblem, match=f"d={d}: .* head dims that are multiples of 8 up to 64"):
             predict(Shape(64, 64, 1, 1, d, True, 0.1), KERNELS, Card(), V100, CALIBRATION, ARTIFACT)
     with pytest.raises(EnvironmentProblem, match="no hot loop"):
-        predict(Shape(64, 64, 1, 1, 64, True, 0.1), [kernel_row(geometry(64), [])], Card(), V100, CALIBRATION,
-                ARTIFACT)
+        predict(Shape(64, 64, 1, 1, 64, True, 0.1), [kernel_row(geometry(64), [])], Card(), V100, CALIBRATION, ARTIFACT)
 
 
 def test_batch_in_the_shape_syntax():
@@ -183,13 +215,15 @@ def test_batch_in_the_shape_syntax():
     assert parse_shapes("q=8,kv=8,hq=1,hkv=1,d=64")[0].b == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--shapes", "q=8,kv=x,hq=1,hkv=1,d=64"], "kv='x'"),
-    (["--sms", "64"], "'64' is not one of '80', '72'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--shapes", "q=8,kv=x,hq=1,hkv=1,d=64"], "kv='x'"),
+        (["--sms", "64"], "'64' is not one of '80', '72'"),
+    ],
+)
 def test_bad_report_options_are_usage_errors_naming_them(args, message):
-    proc = subprocess.run([sys.executable, "-m", "fa2patch", "report", *args], capture_output=True, text=True,
-                          cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "fa2patch", "report", *args], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2
     assert message in proc.stderr
 
@@ -199,24 +233,41 @@ def test_report_raises_when_build_info_does_not_load(monkeypatch):
     from fa2patch import report as report_module
 
     monkeypatch.setattr(report_module, "read_extension", lambda artifact, sizes=(): {"error": "undefined symbol: x"})
-    with pytest.raises(EnvironmentProblem, match=r"/nowhere/_vllm_fa2_C.abi3.so: cannot load it for "
-                                                 r"build_info\(\): undefined symbol: x"):
+    with pytest.raises(
+        EnvironmentProblem,
+        match=r"/nowhere/_vllm_fa2_C.abi3.so: cannot load it for "
+        r"build_info\(\): undefined symbol: x",
+    ):
         report_module.report(ARTIFACT, "sm_70", {}, [], Card())
 
 
 # Published microbenchmark latencies recorded in v100.toml for the model of serial phases and HMMA
 # chains (issue 15 item 2), which does not read them yet. That work must read each and empty this set.
-MEASURED_NOT_YET_MODELLED = {"dependent_ldg_l2_hit_cycles", "dependent_lds_cycles", "dependent_mma884_cycles",
-                             "four_chain_mma884_issue_cycles", "sts_lds_warpsync_roundtrip_cycles"}
+MEASURED_NOT_YET_MODELLED = {
+    "dependent_ldg_l2_hit_cycles",
+    "dependent_lds_cycles",
+    "dependent_mma884_cycles",
+    "four_chain_mma884_issue_cycles",
+    "sts_lds_warpsync_roundtrip_cycles",
+}
 
 
 def test_every_v100_parameter_is_read_by_the_model():
     import tomllib
     from importlib import resources
 
-    source = "".join(resources.files("fa2patch").joinpath(f).read_text()
-                     for f in ("report.py", "sass_mix.py", "exact_route.py", "gqa_route.py", "v100model.py", "phases.py",
-                               "calibration.py"))
+    source = "".join(
+        resources.files("fa2patch").joinpath(f).read_text()
+        for f in (
+            "report.py",
+            "sass_mix.py",
+            "exact_route.py",
+            "gqa_route.py",
+            "v100model.py",
+            "phases.py",
+            "calibration.py",
+        )
+    )
     names = tomllib.loads(resources.files("fa2patch").joinpath("data/v100.toml").read_text())
     unused = [n for n in names if f'"{n}"' not in source and n not in MEASURED_NOT_YET_MODELLED]
     assert not unused, f"tools/fa2patch/data/v100.toml: entries no code reads: {unused}"

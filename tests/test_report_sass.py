@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report on kernels compiled here for sm_70 (known HMMA forms and loops) and on the real build."""
 
 import json
@@ -8,14 +9,15 @@ import pytest
 from fa2patch import sass, toolchain
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import kernel_rows
-from fa2patch.v100model import occupancy
-from fa2patch.v100model import load_v100
 from fa2patch.routes import EXACT, GQA, SPLITKV
+from fa2patch.v100model import load_v100, occupancy
 from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
 
-MMA_F16 = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, "
-           "{%0,%1,%2,%3};\" : \"+r\"(c[0]), \"+r\"(c[1]), \"+r\"(c[2]), \"+r\"(c[3]) : \"r\"(a[0]), \"r\"(a[1]), "
-           "\"r\"(b[0]), \"r\"(b[1]));")
+MMA_F16 = (
+    'asm volatile("mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, '
+    '{%0,%1,%2,%3};" : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3]) : "r"(a[0]), "r"(a[1]), '
+    '"r"(b[0]), "r"(b[1]));'
+)
 
 
 def test_occupancy_by_hand():
@@ -47,8 +49,10 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
         __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
     """)
     obj, _ = compile_cu(clang_cuda, src, tmp_path)
-    funcs = {f.name.split("P")[0]: f for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"),
-                                                                            ["-sass"], obj))}
+    funcs = {
+        f.name.split("P")[0]: f
+        for f in sass.parse_sass(toolchain.cuobjdump(toolchain.find_cuda12_binutil("cuobjdump"), ["-sass"], obj))
+    }
     forms = {name: sorted({op for op in f.opcodes if op.startswith("HMMA")}) for name, f in funcs.items()}
     assert forms["_Z8f32_loop"] == [f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
     assert forms["_Z8f16_loop"] == ["HMMA.884.F16.F16.STEP0", "HMMA.884.F16.F16.STEP1"]
@@ -63,12 +67,16 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
     assert rows["no_mma"]["hot_loops"] == []
     # A tensor-core kernel without a launch configuration is an error naming it, not a row
     # without occupancy.
-    with pytest.raises(EnvironmentProblem, match=r"no launch configuration .* for the tensor-core kernel\(s\) "
-                                                 r"f32_loop\(unsigned int const\*, float\*\)"):
+    with pytest.raises(
+        EnvironmentProblem,
+        match=r"no launch configuration .* for the tensor-core kernel\(s\) "
+        r"f32_loop\(unsigned int const\*, float\*\)",
+    ):
         kernel_rows(obj, "sm_70", {"*f16_loop*": (32, 0)})
 
 
 # --- The real sm_70 build -------------------------------------------------------------------------
+
 
 def real_geometry(artifact, route=EXACT):
     """The build's kernels of a route with the geometry its build_info() declares."""
@@ -129,8 +137,11 @@ def test_real_exact_route_hot_loops_hold_no_inner_loop(built_sm70):
     assert len(forward) == 4 and all(f.hot_loops() for f in forward)
     for f in forward:
         for hot in f.hot_loops():
-            inside = [(lp.start, lp.end) for lp in f.loops()
-                      if hot.start <= lp.start and lp.end <= hot.end and (lp.start, lp.end) != (hot.start, hot.end)]
+            inside = [
+                (lp.start, lp.end)
+                for lp in f.loops()
+                if hot.start <= lp.start and lp.end <= hot.end and (lp.start, lp.end) != (hot.start, hot.end)
+            ]
             assert inside == [], (pretty[f.name], hot.start)
 
 
@@ -177,9 +188,14 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     # (the default --splits) on the prefill shapes; dense alone for decode.
     splits = [(label, SPLITKV, s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
     assert [(p["label"].split(" Hq")[0], p["route"], p["plan"].get("splits", 1)) for p in out["predictions"]] == [
-        ("Q=8192 KV=8192", EXACT, 1), ("Q=8192 KV=8192", GQA, 1), *splits[:3],
+        ("Q=8192 KV=8192", EXACT, 1),
+        ("Q=8192 KV=8192", GQA, 1),
+        *splits[:3],
         ("B=8 Q=1 KV=4096", EXACT, out["predictions"][5]["plan"]["splits"]),
-        ("Q=1024 KV=16384", EXACT, 1), ("Q=1024 KV=16384", GQA, 1), *splits[3:]]
+        ("Q=1024 KV=16384", EXACT, 1),
+        ("Q=1024 KV=16384", GQA, 1),
+        *splits[3:],
+    ]
     prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
     lo, hi = out["calibration"]["loo_range"]
     for p in (prefill, gqa, decode):
@@ -187,8 +203,10 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
         assert p["calibrated_ms_low"] == pytest.approx(p["calibrated_ms"] * min(1, 1 + lo))
         assert p["calibrated_ms_high"] == pytest.approx(p["calibrated_ms"] * max(1, 1 + hi))
     assert gqa["vs_dense"] == prefill["calibrated_ms"] / gqa["calibrated_ms"]
-    separated = (gqa["calibrated_ms_high"] < prefill["calibrated_ms_low"]
-                 or prefill["calibrated_ms_high"] < gqa["calibrated_ms_low"])
+    separated = (
+        gqa["calibrated_ms_high"] < prefill["calibrated_ms_low"]
+        or prefill["calibrated_ms_high"] < gqa["calibrated_ms_low"]
+    )
     assert (gqa["vs_dense_verdict"] == "not separated") == (not separated)
     # One launch per KV step: Q=8192 in blocks of plan["block_keys"] keys, plus the last pv step.
     assert len(gqa["launches"]) == gqa["plan"]["blocks"] + 1 == -(-8192 // gqa["plan"]["block_keys"]) + 1
@@ -206,8 +224,9 @@ def test_real_serial_phase_of_the_exact_route_and_the_long_prefill_tiles(built_s
 
     v100 = load_v100()
     rows = real_rows(built_sm70 / "_vllm_fa2_C.abi3.so")
-    d256 = next(r for r in rows if r["geometry"] and r["geometry"]["route"] == EXACT
-                and r["geometry"]["head_dim"] == 256)
+    d256 = next(
+        r for r in rows if r["geometry"] and r["geometry"]["route"] == EXACT and r["geometry"]["head_dim"] == 256
+    )
     lp = cheapest_hot_loop(d256)
     serial = lp["serial_runs"][0]
     assert serial["instructions"] >= 200 and serial["shuffles"] >= 8 and serial["barriers"] >= 1 and serial["mufu"] >= 8
@@ -226,9 +245,9 @@ def test_real_split_kv_route(built_sm70):
     (no HMMA; its code outside the loop too); a split prediction is the forward kernel with
     splits x the unsplit CTAs and the same key blocks, then one combine launch of one warp per
     output row; its verdicts follow its ranges."""
-    from fa2patch.shapes import Shape
     from fa2patch.calibration import calibrate
     from fa2patch.report import predict_routes, read_gqa_plans
+    from fa2patch.shapes import Shape
     from fa2patch.v100model import Card, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -251,8 +270,10 @@ def test_real_split_kv_route(built_sm70):
         assert comb["ctas"] == 6 * 4096 // 4 and comb["name"] == "splitkv_combine_sm70_kernel"
         assert p["plan"]["partial_bytes"] == s * 6 * 4096 * (256 * 4 + 4)
         for key, other in (("vs_dense", dense), ("vs_gqa", gqa)):
-            apart = (p["calibrated_ms_high"] < other["calibrated_ms_low"]
-                     or other["calibrated_ms_high"] < p["calibrated_ms_low"])
+            apart = (
+                p["calibrated_ms_high"] < other["calibrated_ms_low"]
+                or other["calibrated_ms_high"] < p["calibrated_ms_low"]
+            )
             assert p[key] == other["calibrated_ms"] / p["calibrated_ms"]
             assert (p[key + "_verdict"] == "not separated") == (not apart)
 
@@ -264,31 +285,54 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     a file from another GPU is refused naming it."""
     from dataclasses import asdict
 
-    from fa2patch.shapes import Shape
     from fa2patch.report import read_gqa_plans, route_launches
+    from fa2patch.shapes import Shape
     from fa2patch.v100model import Calibration, Card, estimate_route, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     rows = real_rows(artifact)
     cases = []
-    for shape, route, clock in ((Shape(8192, 8192, 6, 1, 256, True, 0.0625), EXACT, 1440.0),
-                                (Shape(8192, 8192, 6, 1, 256, True, 0.0625), GQA, 1320.0),
-                                (Shape(1024, 16384, 4, 1, 256, True, 0.0625), EXACT, 1500.0)):
+    for shape, route, clock in (
+        (Shape(8192, 8192, 6, 1, 256, True, 0.0625), EXACT, 1440.0),
+        (Shape(8192, 8192, 6, 1, 256, True, 0.0625), GQA, 1320.0),
+        (Shape(1024, 16384, 4, 1, 256, True, 0.0625), EXACT, 1500.0),
+    ):
         card = Card(80, clock)
         plans = read_gqa_plans(artifact, [shape])[1]
-        ms = estimate_route(route_launches(shape, rows, route, card, artifact, plans), card, load_v100(),
-                            Calibration(1.3, 20000), clock)["ms"]
-        cases.append({"route": route, "shape": asdict(shape), "label": shape.label, "median_ms": ms,
-                      "clocks": {"sm_clock_mhz": {"min": clock, "median": clock, "max": clock}}})
+        ms = estimate_route(
+            route_launches(shape, rows, route, card, artifact, plans), card, load_v100(), Calibration(1.3, 20000), clock
+        )["ms"]
+        cases.append(
+            {
+                "route": route,
+                "shape": asdict(shape),
+                "label": shape.label,
+                "median_ms": ms,
+                "clocks": {"sm_clock_mhz": {"min": clock, "median": clock, "max": clock}},
+            }
+        )
     bench = tmp_path / "v100.json"
     bench.write_text(json.dumps({"gpu": "Tesla V100-SXM2-16GB", "capability": "sm_70", "sms": 80, "results": cases}))
-    proc = real_project.run("report", "--arch", "sm_70", "--sms", "72", "--anchors", str(bench), "--json",
-                            "--shapes", "q=4096,kv=32768,hq=6,hkv=1,d=256")
+    proc = real_project.run(
+        "report",
+        "--arch",
+        "sm_70",
+        "--sms",
+        "72",
+        "--anchors",
+        str(bench),
+        "--json",
+        "--shapes",
+        "q=4096,kv=32768,hq=6,hkv=1,d=256",
+    )
     out = json.loads(proc.stdout)
     fit = out["anchor_fit"]
     assert fit["files"] == [str(bench)] and fit["after"]["anchors"] == fit["before"]["anchors"] + 3
     assert [(a["route"], a["clock_mhz"], a["card"]["sms"]) for a in fit["user_anchors"]] == [
-        (EXACT, 1440.0, 80), (GQA, 1320.0, 80), (EXACT, 1500.0, 80)]
+        (EXACT, 1440.0, 80),
+        (GQA, 1320.0, 80),
+        (EXACT, 1500.0, 80),
+    ]
     users = [a for a in out["calibration"]["anchors"] if a["kind"] == "user"]
     assert len(users) == 3 and all({"residual", "loo_residual", "file", "clock_source"} <= set(a) for a in users)
     assert out["calibration"]["parameters"] == fit["after"]["parameters"] != fit["before"]["parameters"]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report's split-KV model of the exact route (exact_route.py) on the CPU: the grid against a
 literal walk of the kernel's rule, the partial-buffer bytes and the combine kernel by hand, a
 whole split route timed by hand, and the verdicts against the unsplit exact route and the
@@ -9,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from fa2patch import exact_route as x
-from fa2patch.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import predict_routes
-from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
 from fa2patch.routes import EXACT, GQA, SPLITKV
+from fa2patch.shapes import Shape, parse_shapes, useful_flops
+from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
@@ -55,11 +56,17 @@ def kernel_walk(shape: Shape, rows: int, keys: int, splits: int):
     return its, idle
 
 
-SHAPES = [Shape(1000, 31, 3, 1, 64, True, 0.1), Shape(100, 50, 2, 1, 64, True, 0.1),
-          Shape(130, 7000, 2, 2, 64, True, 0.1), Shape(64, 64, 1, 1, 64, False, 0.1),
-          Shape(8000, 40000, 6, 1, 256, True, 0.1), Shape(700, 333, 4, 2, 128, True, 0.1, b=3),
-          Shape(2048, 32768, 6, 1, 256, True, 0.1, decode=5, decode_kv=4000),
-          Shape(200, 900, 2, 1, 64, True, 0.1, b=2, decode=3), Shape(65, 1, 1, 1, 64, True, 0.1)]
+SHAPES = [
+    Shape(1000, 31, 3, 1, 64, True, 0.1),
+    Shape(100, 50, 2, 1, 64, True, 0.1),
+    Shape(130, 7000, 2, 2, 64, True, 0.1),
+    Shape(64, 64, 1, 1, 64, False, 0.1),
+    Shape(8000, 40000, 6, 1, 256, True, 0.1),
+    Shape(700, 333, 4, 2, 128, True, 0.1, b=3),
+    Shape(2048, 32768, 6, 1, 256, True, 0.1, decode=5, decode_kv=4000),
+    Shape(200, 900, 2, 1, 64, True, 0.1, b=2, decode=3),
+    Shape(65, 1, 1, 1, 64, True, 0.1),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.label)
@@ -72,8 +79,9 @@ def test_split_grid_is_the_kernels_rule(shape, splits, rows, keys):
 @pytest.mark.parametrize("shape", [s for s in SHAPES if not s.decode], ids=lambda s: s.label)
 def test_unsplit_grid_is_the_fa2_grid_of_the_anchors(shape):
     its, idle = x.prefill_iterations(shape, 64, 32, 1)
-    assert idle == 0 and sorted(its) == sorted(fa2_grid_iterations(shape.q, shape.kv, shape.causal, 64, 32,
-                                                                   shape.hq, shape.b))
+    assert idle == 0 and sorted(its) == sorted(
+        fa2_grid_iterations(shape.q, shape.kv, shape.causal, 64, 32, shape.hq, shape.b)
+    )
 
 
 def test_splits_keep_every_key_block_once():
@@ -109,8 +117,12 @@ def ceil_share(m: int) -> int:
 
 def combine_row(threads=128, blocks=2, loop_instructions=8):
     mix = {**vars(LoopMix()), "instructions": loop_instructions}
-    return {"threads": threads, "blocks_per_sm": blocks, "loop": {"model_mix": mix},
-            "outside": {"model_mix": vars(LoopMix())}}
+    return {
+        "threads": threads,
+        "blocks_per_sm": blocks,
+        "loop": {"model_mix": mix},
+        "outside": {"model_mix": vars(LoopMix())},
+    }
 
 
 def test_partial_bytes_and_the_combine_launch_by_hand():
@@ -122,28 +134,46 @@ def test_partial_bytes_and_the_combine_launch_by_hand():
     partials = 3 * 408 * (64 * 4 + 4)
     kv = 2 * (300 + 2 * 50) * 2 * 64 * 2
     assert plan["partial_bytes"] == partials
-    assert launches[0].hbm_bytes == 3 * q + kv + partials           # each split reads its Q, writes partials
-    assert launches[1].hbm_bytes == partials + q + 408 * 4           # reads partials, writes O and the LSE
+    assert launches[0].hbm_bytes == 3 * q + kv + partials  # each split reads its Q, writes partials
+    assert launches[1].hbm_bytes == partials + q + 408 * 4  # reads partials, writes O and the LSE
     # One warp per row: 4 rows per 128-thread CTA, ceil(64 / 64) = 1 trip of the column loop.
     comb = launches[1]
     assert (len(comb.iterations), set(comb.iterations), comb.warps_per_cta, comb.ctas_per_sm, comb.fused) == (
-        102, {1}, 4, 2, False)
-    assert launches[0].fused and len(x.splitkv_launches(replace(shape, d=256), kernel_row(256), combine_row(), 3)[0]
-                                     [1].iterations) == 102
+        102,
+        {1},
+        4,
+        2,
+        False,
+    )
+    assert (
+        launches[0].fused
+        and len(x.splitkv_launches(replace(shape, d=256), kernel_row(256), combine_row(), 3)[0][1].iterations) == 102
+    )
     assert set(x.splitkv_launches(replace(shape, d=200), kernel_row(256), combine_row(), 3)[0][1].iterations) == {4}
 
 
 def geometry(head_dim, rows=64, keys=32, warps=4):
-    return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "threads": 32 * warps, "dynamic_smem": 1024,
-            "route": EXACT, "head_dim": head_dim, "rows_per_cta": rows, "keys_per_iteration": keys,
-            "warps": warps}
+    return {
+        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
+        "threads": 32 * warps,
+        "dynamic_smem": 1024,
+        "route": EXACT,
+        "head_dim": head_dim,
+        "rows_per_cta": rows,
+        "keys_per_iteration": keys,
+        "warps": warps,
+    }
 
 
 def kernel_row(head_dim, instructions=600, **geo):
     mix = {**vars(LoopMix()), "instructions": instructions}
     loop = {"mix": {"hmma": 256}, "model_mix": mix, "cycles": LoopMix(**mix).pipes(1, V100)}
-    return {"kernel": f"flash_fwd_sm70_kernel<{head_dim}>", "geometry": geometry(head_dim, **geo),
-            "occupancy": {"blocks_per_sm": 1}, "hot_loops": [loop]}
+    return {
+        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
+        "geometry": geometry(head_dim, **geo),
+        "occupancy": {"blocks_per_sm": 1},
+        "hot_loops": [loop],
+    }
 
 
 def test_a_split_route_timed_by_hand():
@@ -159,7 +189,10 @@ def test_a_split_route_timed_by_hand():
     assert dense["calibrated_ms"] == pytest.approx(2 * (1.5 * LATENCY + 6 * 900) / 1e6)
     assert split["calibrated_ms"] == pytest.approx((3 * (1.5 * LATENCY + 3 * 900) + 10 * 24) / 1e6)
     assert (split["route"], split["plan"]["splits"], split["vs_dense"]) == (
-        SPLITKV, 2, pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]))
+        SPLITKV,
+        2,
+        pytest.approx(dense["calibrated_ms"] / split["calibrated_ms"]),
+    )
 
 
 def test_split_rows_and_their_verdicts():
@@ -170,31 +203,42 @@ def test_split_rows_and_their_verdicts():
     from test_report_gqa import gqa_geometry, loop as gqa_loop
 
     dense = kernel_row(256, instructions=2000, warps=8)
-    gqa = {"kernel": "gqa", "geometry": gqa_geometry(), "occupancy": {"blocks_per_sm": 2},
-           "hot_loops": [gqa_loop(16), gqa_loop(0)]}
+    gqa = {
+        "kernel": "gqa",
+        "geometry": gqa_geometry(),
+        "occupancy": {"blocks_per_sm": 2},
+        "hot_loops": [gqa_loop(16), gqa_loop(0)],
+    }
     rows = [dense, gqa, {"kernel": "combine", "combine": combine_row(), "hot_loops": []}]
-    shapes = (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
-              Shape(4096, 32768, 6, 1, 256, True, 0.0625))
-    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)     # report models the long-prefill op at q=1 too
+    shapes = (
+        Shape(1024, 16384, 6, 1, 256, True, 0.0625),
+        Shape(2048, 8192, 6, 1, 256, True, 0.0625, decode=40),
+        Shape(4096, 32768, 6, 1, 256, True, 0.0625),
+    )
+    decode = Shape(1, 4096, 6, 1, 256, True, 0.0625)  # report models the long-prefill op at q=1 too
     plans = {(s.q, s.kv, s.hq, s.hkv): gqa_oracle.plan(s.q, s.kv, s.hq, s.hkv) for s in (*shapes, decode, SHAPES[4])}
     for shape in shapes:
         preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4), plans)
         routes = [(p["route"], p["plan"].get("splits", 1)) for p in preds]
         has_gqa = not shape.decode
-        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + [
-            (SPLITKV, s) for s in (2, 3, 4)]
+        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + [(SPLITKV, s) for s in (2, 3, 4)]
         d, g = preds[0], (preds[1] if has_gqa else None)
-        for p in preds[1 + has_gqa:]:
+        for p in preds[1 + has_gqa :]:
             for key, other in (("vs_dense", d), ("vs_gqa", g)):
                 if other is None:
                     assert key not in p
                     continue
                 assert p[key] == pytest.approx(other["calibrated_ms"] / p["calibrated_ms"])
                 ratio = p[key]
-                assert p[f"{key}_verdict"] == ("faster" if ratio > 1.2 / 0.9 else "slower" if ratio < 0.9 / 1.2
-                                               else "not separated")
+                assert p[f"{key}_verdict"] == (
+                    "faster" if ratio > 1.2 / 0.9 else "slower" if ratio < 0.9 / 1.2 else "not separated"
+                )
     assert [p["route"] for p in predict_routes(decode, rows, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
-        EXACT, GQA]
+        EXACT,
+        GQA,
+    ]
     no_combine = [dense, gqa]
     assert [p["route"] for p in predict_routes(SHAPES[4], no_combine, Card(72), V100, CAL, ARTIFACT, (2,), plans)] == [
-        EXACT, GQA]
+        EXACT,
+        GQA,
+    ]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The sm_70 toolchain and the SASS reader, on tiny kernels built here with known answers."""
 
 import subprocess
@@ -5,15 +6,17 @@ import textwrap
 
 import pytest
 
-from helpers import locked_toolchain, require_toolchain
 from fa2patch import sass, toolchain
 from fa2patch.build import clang_cuda_flags
 from fa2patch.verify import check_kernels
+from helpers import locked_toolchain, require_toolchain
 
-MMA = ("asm volatile(\"mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, "
-       "{%8,%9}, {%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};\" : \"+f\"(d[0]), \"+f\"(d[1]), \"+f\"(d[2]), "
-       "\"+f\"(d[3]), \"+f\"(d[4]), \"+f\"(d[5]), \"+f\"(d[6]), \"+f\"(d[7]) : \"r\"(a[0]), \"r\"(a[1]), "
-       "\"r\"(b[0]), \"r\"(b[1]));")
+MMA = (
+    'asm volatile("mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, '
+    '{%8,%9}, {%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), '
+    '"+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) : "r"(a[0]), "r"(a[1]), '
+    '"r"(b[0]), "r"(b[1]));'
+)
 
 # Three dependent mma.m8n8k4 (each is 4 HMMA.884 steps on sm_70: 12 in all) and a plain kernel.
 TINY = textwrap.dedent(f"""
@@ -45,8 +48,11 @@ def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
     flags = clang_cuda_flags("sm_70", cuda, locked_toolchain().cuda)
     if not macros:
         flags = [f for f in flags if "__CUDACC_VER" not in f]
-    proc = subprocess.run([str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     return obj, proc.stderr
 
@@ -59,7 +65,8 @@ def test_hmma_count_matches_hand_count_and_resources_agree(clang_cuda, tmp_path)
     assert three.arch == "sm_70"
     assert three.hmma == 12 and three.traps == 0
     assert sorted({op for op in three.opcodes if op.startswith("HMMA")}) == [
-        f"HMMA.884.F32.F32.STEP{i}" for i in range(4)]
+        f"HMMA.884.F32.F32.STEP{i}" for i in range(4)
+    ]
     assert funcs["_Z6no_mmaPf"].hmma == 0
     ptxas = sass.parse_ptxas_log(log)
     res = {r.name: r for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], obj))}
@@ -70,8 +77,11 @@ def test_hmma_count_matches_hand_count_and_resources_agree(clang_cuda, tmp_path)
 
 
 def _manifest(log, patterns):
-    return {"arch": "sm_70", "tensor_core_kernels": patterns,
-            "ptxas_kernels": [vars(e) for e in sass.parse_ptxas_log(log).values() if e.entry]}
+    return {
+        "arch": "sm_70",
+        "tensor_core_kernels": patterns,
+        "ptxas_kernels": [vars(e) for e in sass.parse_ptxas_log(log).values() if e.entry],
+    }
 
 
 def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
@@ -86,8 +96,10 @@ def test_budget_breach_and_missing_hmma_are_reported(clang_cuda, tmp_path):
     rows = check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, launches)
     assert all(r.ok for r in rows), rows
     # Dynamic shared memory counts against the budget; a tensor-core kernel needs its launch.
-    rows = {r.name.split("(")[0]: r for r in check_kernels(
-        _manifest(log, ["three_mma*"]), obj, budgets, {"three_mma*": (32, 100 * 1024)})}
+    rows = {
+        r.name.split("(")[0]: r
+        for r in check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, {"three_mma*": (32, 100 * 1024)})
+    }
     assert not rows["three_mma"].ok and "actual 102400" in rows["three_mma"].detail
     rows = {r.name.split("(")[0]: r for r in check_kernels(_manifest(log, ["three_mma*"]), obj, budgets, {})}
     assert "no launch configuration" in rows["three_mma"].detail
@@ -108,7 +120,7 @@ PRESSURE = textwrap.dedent("""
 def test_spills_fail_the_shipped_arch_and_are_reported_on_a_lab_build(clang_cuda, tmp_path):
     obj, log = compile_cu(clang_cuda, PRESSURE, tmp_path, ["-Xcuda-ptxas", "--maxrregcount=16"])
     spilled = sass.parse_ptxas_log(log)["_Z8pressurePKfPf"]
-    assert spilled.spill_stores > 0, log   # the premise: ptxas spilled
+    assert spilled.spill_stores > 0, log  # the premise: ptxas spilled
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\n")
     (row,) = check_kernels(_manifest(log, []), obj, budgets, {"pressure*": (32, 0)})
@@ -169,15 +181,23 @@ def test_synthetic_listing_parsers():
             /*0040*/                   BPT.TRAP 0x1 ;
     """)
     (f,) = sass.parse_sass(listing)
-    assert (f.name, f.arch, f.opcodes) == ("_Z1kv", "sm_70", ["MOV", "BRA", "HMMA.884.F32.F32.STEP0", "STL", "BPT.TRAP"])
+    assert (f.name, f.arch, f.opcodes) == (
+        "_Z1kv",
+        "sm_70",
+        ["MOV", "BRA", "HMMA.884.F32.F32.STEP0", "STL", "BPT.TRAP"],
+    )
     assert (f.hmma, f.traps, f.local_memory_ops) == (1, 1, 1)
-    log = ("ptxas info    : Compiling entry function '_Z1kv' for 'sm_70'\n"
-           "ptxas info    : Function properties for _Z1kv\n"
-           "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
-           "ptxas info    : Used 255 registers, 49152 bytes smem, 376 bytes cmem[0]\n")
+    log = (
+        "ptxas info    : Compiling entry function '_Z1kv' for 'sm_70'\n"
+        "ptxas info    : Function properties for _Z1kv\n"
+        "    24 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, 49152 bytes smem, 376 bytes cmem[0]\n"
+    )
     e = sass.parse_ptxas_log(log)["_Z1kv"]
     assert (e.entry, e.registers, e.stack, e.spill_stores, e.spill_loads, e.smem) == (True, 255, 24, 8, 12, 49152)
-    res = sass.parse_resource_usage("arch = sm_70\n Function _Z1kv:\n  REG:40 STACK:8 SHARED:1024 LOCAL:4 CONSTANT[0]:376\n")
+    res = sass.parse_resource_usage(
+        "arch = sm_70\n Function _Z1kv:\n  REG:40 STACK:8 SHARED:1024 LOCAL:4 CONSTANT[0]:376\n"
+    )
     assert [(r.name, r.registers, r.stack, r.shared, r.local) for r in res] == [("_Z1kv", 40, 8, 1024, 4)]
 
 
@@ -185,8 +205,8 @@ def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
     name = "void fa2patch::sm70::flash_fwd_sm70_kernel<256>(flash::Flash_fwd_params)"
     assert sass.kernel_matches(name, "*flash_fwd_sm70_kernel<256>*")
     assert not sass.kernel_matches(name, "*flash_fwd_sm70_kernel<25>*")
-    assert not sass.kernel_matches(name, "flash_fwd_sm70_kernel*")      # a glob covers the whole name
-    assert not sass.kernel_matches(name, "*FLASH_FWD*")                 # case-sensitive
+    assert not sass.kernel_matches(name, "flash_fwd_sm70_kernel*")  # a glob covers the whole name
+    assert not sass.kernel_matches(name, "*FLASH_FWD*")  # case-sensitive
     assert not sass.kernel_matches("_Z21flash_fwd_sm70_kernelILi256EEv", "*flash_fwd_sm70_kernel<256>*")
     table = {"*kernel<128>*": "a", "*kernel*": "b"}
     assert sass.first_match(name, table) == "b" and sass.first_match(name.replace("256", "128"), table) == "a"
@@ -200,6 +220,8 @@ def test_verify_takes_launches_from_build_info_by_name_part():
 
     info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
     launches = launches_of(info)
-    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<32>(flash::Flash_fwd_params)",
-                            launches) == (128, 15360)
+    assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<32>(flash::Flash_fwd_params)", launches) == (
+        128,
+        15360,
+    )
     assert sass.first_match("void fa2patch::sm70::flash_fwd_sm70_kernel<320>(Params)", launches) is None

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune` on the CPU: config parsing, vLLM's tensor-parallel head split, the chunk plan
 and grid, decisions merged from a synthetic measured table (expected ranges written by hand), the
 profile validator against good files and every refusal case of the spec, route forcing with a
@@ -15,40 +16,73 @@ import pytest
 
 from fa2patch import profile, tune, tune_plan, tune_worker
 from fa2patch.errors import EnvironmentProblem
-from fa2patch.tune_plan import ModelHeads, RankHeads, chunk_plan, grid_points, kv_points, per_rank, q_points
 from fa2patch.routes import EXACT, GQA, SPLITKV
-
+from fa2patch.tune_plan import ModelHeads, RankHeads, chunk_plan, grid_points, kv_points, per_rank, q_points
 from helpers import REPO
 
 # --- config.json ---------------------------------------------------------------------------------
 
 LLAMA = {  # Llama-3.1-8B-like: no head_dim (hidden_size / heads), GQA 32/8
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 131072,
-    "rope_theta": 500000.0, "torch_dtype": "bfloat16", "vocab_size": 128256}
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 128256,
+}
 GEMMA3 = {  # Gemma-3-27B-like: the language model nested under text_config, a vision tower beside it
-    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
-    "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "num_attention_heads": 32,
-                    "num_key_value_heads": 16, "head_dim": 128, "num_hidden_layers": 62, "sliding_window": 1024,
-                    "query_pre_attn_scalar": 168, "max_position_embeddings": 131072},
-    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "num_attention_heads": 16}}
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "model_type": "gemma3",
+    "mm_tokens_per_image": 256,
+    "text_config": {
+        "model_type": "gemma3_text",
+        "hidden_size": 5376,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "num_hidden_layers": 62,
+        "sliding_window": 1024,
+        "query_pre_attn_scalar": 168,
+        "max_position_embeddings": 131072,
+    },
+    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152, "num_attention_heads": 16},
+}
 QWEN35 = {  # Qwen3.5-27B-like (the issue's production model): 24/4 heads of 256, nested, 256K context
-    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
-    "text_config": {"model_type": "qwen3_5_text", "hidden_size": 5120, "num_attention_heads": 24,
-                    "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 262144}}
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 5120,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 262144,
+    },
+}
 MHA = {  # Llama-2-7B / GPT-NeoX style multi-head attention: no num_key_value_heads, no head_dim
-    "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
-    "max_position_embeddings": 2048}
+    "architectures": ["GPTNeoXForCausalLM"],
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "max_position_embeddings": 2048,
+}
 
 
-@pytest.mark.parametrize("doc, expected", [
-    (LLAMA, (32, 8, 128, 131072)),
-    (GEMMA3, (32, 16, 128, 131072)),
-    (QWEN35, (24, 4, 256, 262144)),
-    (MHA, (32, 32, 128, 2048)),
-    ({**MHA, "num_key_value_heads": None, "head_dim": None}, (32, 32, 128, 2048)),
-    ({"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 80, "hidden_size": 1000}, (8, 2, 80, None)),
-])
+@pytest.mark.parametrize(
+    "doc, expected",
+    [
+        (LLAMA, (32, 8, 128, 131072)),
+        (GEMMA3, (32, 16, 128, 131072)),
+        (QWEN35, (24, 4, 256, 262144)),
+        (MHA, (32, 32, 128, 2048)),
+        ({**MHA, "num_key_value_heads": None, "head_dim": None}, (32, 32, 128, 2048)),
+        ({"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 80, "hidden_size": 1000}, (8, 2, 80, None)),
+    ],
+)
 def test_model_config_heads(tmp_path, doc, expected):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(doc))
@@ -57,14 +91,20 @@ def test_model_config_heads(tmp_path, doc, expected):
     assert m.source.endswith("text_config") == ("text_config" in doc)
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"hidden_size": 4096}, "num_attention_heads must be a positive integer"),
-    ({"num_attention_heads": True, "hidden_size": 4096}, "num_attention_heads must be a positive integer"),
-    ({"num_attention_heads": 24, "hidden_size": 1000}, "not a multiple of num_attention_heads"),
-    ({"num_attention_heads": 24, "num_key_value_heads": 5, "head_dim": 64}, "not a multiple of num_key_value_heads"),
-    ({"num_attention_heads": 8, "num_key_value_heads": 0, "head_dim": 64}, "num_key_value_heads must be"),
-    ([1, 2], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"hidden_size": 4096}, "num_attention_heads must be a positive integer"),
+        ({"num_attention_heads": True, "hidden_size": 4096}, "num_attention_heads must be a positive integer"),
+        ({"num_attention_heads": 24, "hidden_size": 1000}, "not a multiple of num_attention_heads"),
+        (
+            {"num_attention_heads": 24, "num_key_value_heads": 5, "head_dim": 64},
+            "not a multiple of num_key_value_heads",
+        ),
+        ({"num_attention_heads": 8, "num_key_value_heads": 0, "head_dim": 64}, "num_key_value_heads must be"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
 def test_bad_model_configs_are_refused(doc, message):
     with pytest.raises(EnvironmentProblem, match=message):
         tune_plan.parse_model_config(doc)
@@ -79,25 +119,32 @@ def test_unreadable_config_names_the_file(tmp_path):
 
 # --- tensor parallelism (vLLM's QKVParallelLinear, expected values worked out by hand) ------------
 
-@pytest.mark.parametrize("heads, kv, tp, expected", [
-    (24, 4, 1, (24, 4)),
-    (24, 4, 4, (6, 1)),        # the production shape: 6/1 per rank
-    (32, 8, 2, (16, 4)),
-    (32, 8, 8, (4, 1)),
-    (32, 8, 16, (2, 1)),       # fewer KV heads than ranks: one KV head per rank, replicated twice
-    (32, 16, 4, (8, 4)),
-    (32, 32, 4, (8, 8)),       # MHA
-])
+
+@pytest.mark.parametrize(
+    "heads, kv, tp, expected",
+    [
+        (24, 4, 1, (24, 4)),
+        (24, 4, 4, (6, 1)),  # the production shape: 6/1 per rank
+        (32, 8, 2, (16, 4)),
+        (32, 8, 8, (4, 1)),
+        (32, 8, 16, (2, 1)),  # fewer KV heads than ranks: one KV head per rank, replicated twice
+        (32, 16, 4, (8, 4)),
+        (32, 32, 4, (8, 8)),  # MHA
+    ],
+)
 def test_tensor_parallel_heads_per_rank(heads, kv, tp, expected):
     r = per_rank(ModelHeads(heads, kv, 128, None, "t"), tp)
     assert (r.hq, r.hkv) == expected and r.d == 128 and r.group == expected[0] // expected[1]
 
 
-@pytest.mark.parametrize("heads, kv, tp, message", [
-    (24, 4, 5, "24 is not a multiple of 5"),
-    (24, 4, 3, "the 4 KV heads evenly"),       # 4 KV heads over 3 ranks
-    (28, 4, 7, "replicates the 4 KV heads"),   # 7 ranks >= 4 KV heads, 7 not a multiple of 4
-])
+@pytest.mark.parametrize(
+    "heads, kv, tp, message",
+    [
+        (24, 4, 5, "24 is not a multiple of 5"),
+        (24, 4, 3, "the 4 KV heads evenly"),  # 4 KV heads over 3 ranks
+        (28, 4, 7, "replicates the 4 KV heads"),  # 7 ranks >= 4 KV heads, 7 not a multiple of 4
+    ],
+)
 def test_tensor_parallel_splits_vllm_refuses(heads, kv, tp, message):
     with pytest.raises(EnvironmentProblem, match=message):
         per_rank(ModelHeads(heads, kv, 128, None, "t"), tp)
@@ -105,12 +152,16 @@ def test_tensor_parallel_splits_vllm_refuses(heads, kv, tp, message):
 
 # --- chunked prefill and the grid -------------------------------------------------------------------
 
-@pytest.mark.parametrize("length, chunk, expected", [
-    (10000, 4096, [(4096, 4096), (4096, 8192), (1808, 10000)]),
-    (8192, 4096, [(4096, 4096), (4096, 8192)]),
-    (100, 4096, [(100, 100)]),
-    (5, 2, [(2, 2), (2, 4), (1, 5)]),
-])
+
+@pytest.mark.parametrize(
+    "length, chunk, expected",
+    [
+        (10000, 4096, [(4096, 4096), (4096, 8192), (1808, 10000)]),
+        (8192, 4096, [(4096, 4096), (4096, 8192)]),
+        (100, 4096, [(100, 100)]),
+        (5, 2, [(2, 2), (2, 4), (1, 5)]),
+    ],
+)
 def test_chunk_plan(length, chunk, expected):
     assert chunk_plan(length, chunk) == expected
 
@@ -153,6 +204,7 @@ def test_every_grid_point_is_a_chunk_vllm_runs(chunk, max_len):
 
 # --- decisions from a synthetic measured table ------------------------------------------------------
 
+
 def rounds(base: float, ratio: float, jitter: float) -> list[float]:
     """Seven rounds: base x ratio, with a relative jitter pattern whose range is 2 x jitter."""
     pattern = [0, 1, -1, 0.5, -0.5, 0.25, 0]
@@ -162,12 +214,32 @@ def rounds(base: float, ratio: float, jitter: float) -> list[float]:
 def rows_at(q, kv, routes: dict) -> list[dict]:
     """routes: name -> (ratio to exact, jitter, ok); the exact route runs 10 ms x kv/4096 flat."""
     base = 10.0 * kv / 4096
-    out = [{"q": q, "kv": kv, "group": 6, "head_dim": 256, "route": EXACT, "splits": 1,
-            "times_ms": rounds(base, 1.0, 0.0), "ok": True}]
+    out = [
+        {
+            "q": q,
+            "kv": kv,
+            "group": 6,
+            "head_dim": 256,
+            "route": EXACT,
+            "splits": 1,
+            "times_ms": rounds(base, 1.0, 0.0),
+            "ok": True,
+        }
+    ]
     for name, (ratio, jitter, ok) in routes.items():
         route, splits = (EXACT, int(name[5:])) if name.startswith("split") else (GQA, 1)
-        out.append({"q": q, "kv": kv, "group": 6, "head_dim": 256, "route": route, "splits": splits,
-                    "times_ms": rounds(base, ratio, jitter), "ok": ok})
+        out.append(
+            {
+                "q": q,
+                "kv": kv,
+                "group": 6,
+                "head_dim": 256,
+                "route": route,
+                "splits": splits,
+                "times_ms": rounds(base, ratio, jitter),
+                "ok": ok,
+            }
+        )
     return out
 
 
@@ -176,15 +248,16 @@ def test_winner_needs_a_gain_larger_than_the_spread():
     assert profile.winner(rows_at(4096, 4096, {"split3": (0.95, 0.02, True)}))["splits"] == 3
     assert profile.winner(rows_at(4096, 4096, {"split3": (0.95, 0.03, True)}))["route"] == EXACT
     # two winners: the lower median ratio; a faster route that broke the numerics never wins
-    w = profile.winner(rows_at(4096, 4096, {"split2": (0.97, 0.001, True), "gqa": (0.90, 0.001, True),
-                                            "split4": (0.5, 0.001, False)}))
+    w = profile.winner(
+        rows_at(4096, 4096, {"split2": (0.97, 0.001, True), "gqa": (0.90, 0.001, True), "split4": (0.5, 0.001, False)})
+    )
     assert (w["route"], w["splits"]) == (GQA, 1) and w["median_ratio"] == pytest.approx(0.90)
 
 
 def test_decisions_merge_into_ranges():
     table = []
-    table += rows_at(4096, 4096, {"split3": (1.10, 0.001, True), "gqa": (0.99, 0.015, True)})   # exact
-    table += rows_at(4096, 8192, {"split3": (1.02, 0.001, True), "gqa": (0.95, 0.005, True)})   # gqa
+    table += rows_at(4096, 4096, {"split3": (1.10, 0.001, True), "gqa": (0.99, 0.015, True)})  # exact
+    table += rows_at(4096, 8192, {"split3": (1.02, 0.001, True), "gqa": (0.95, 0.005, True)})  # gqa
     table += rows_at(4096, 16384, {"split3": (0.995, 0.005, True), "gqa": (1.01, 0.005, True)})  # exact (within spread)
     table += rows_at(4096, 32768, {"split3": (0.92, 0.002, True), "split2": (0.95, 0.002, True)})
     table += rows_at(4096, 65536, {"split3": (0.92, 0.002, True), "gqa": (0.5, 0.0, False)})
@@ -253,6 +326,7 @@ def mutate(path_value):
         else:
             target[last] = path_value[1]
         return doc
+
     return apply
 
 
@@ -260,7 +334,7 @@ DELETE = object()
 REFUSALS = [
     ("wrong_format", (["format"], "fa2patch-routing-profile/2")),
     ("wrong_format", (["format"], DELETE)),
-    ("unknown_key", (["decision"], [])),                           # a typo of a top-level key
+    ("unknown_key", (["decision"], [])),  # a typo of a top-level key
     ("unknown_key", (["device", "uuid"], "GPU-1")),
     ("unknown_key", (["decisions", 0, "spilts"], 3)),
     ("bad_field", (["decisions"], DELETE)),
@@ -282,19 +356,19 @@ REFUSALS = [
     ("bad_field", (["decisions", 0, "group"], 0)),
     ("bad_field", (["decisions", 0, "group"], True)),
     ("bad_field", (["decisions", 0, "head_dim"], 256.0)),
-    ("bad_field", (["decisions", 0, "head_dim"], 512)),            # the extension's reader: head dims up to 256
-    ("bad_field", (["decisions", 0, "kv"], [0, 2 ** 63])),
-    ("bad_field", (["device", "sms"], 2 ** 21)),
+    ("bad_field", (["decisions", 0, "head_dim"], 512)),  # the extension's reader: head dims up to 256
+    ("bad_field", (["decisions", 0, "kv"], [0, 2**63])),
+    ("bad_field", (["device", "sms"], 2**21)),
     ("bad_field", (["decisions", 0, "q"], [2048, 2048])),
     ("bad_field", (["decisions", 0, "q"], [2048, 1024])),
     ("bad_field", (["decisions", 0, "kv"], [-1, 5])),
     ("bad_field", (["decisions", 0, "kv"], [0, 5, 9])),
     ("bad_field", (["decisions", 0, "q"], DELETE)),
     ("bad_field", (["decisions", 0, "route"], 5)),
-    ("bad_field", (["decisions", 0, "splits"], 2)),                # splits only with sm70-dense
+    ("bad_field", (["decisions", 0, "splits"], 2)),  # splits only with sm70-dense
     ("bad_field", (["decisions", 1, "splits"], 17)),
     ("bad_field", (["decisions", 1, "splits"], 0)),
-    ("unknown_route", (["decisions", 1, "route"], SPLITKV)),   # a table name, not a route name
+    ("unknown_route", (["decisions", 1, "route"], SPLITKV)),  # a table name, not a route name
     ("unknown_route", (["decisions", 2, "route"], "sm80-fast")),
 ]
 
@@ -336,7 +410,7 @@ def test_unreadable_and_invalid_files(tmp_path):
         profile.check_file(tmp_path / "missing.json")
     assert exc.value.reason == "unreadable"
     with pytest.raises(profile.ProfileRefused) as exc:
-        profile.check_file(tmp_path)              # a folder
+        profile.check_file(tmp_path)  # a folder
     assert exc.value.reason == "unreadable"
     bad = tmp_path / "bad.json"
     for text in ('{"format": "fa2patch-routing-profile/1",}', "// comment\n{}", ""):
@@ -356,21 +430,36 @@ def test_unreadable_and_invalid_files(tmp_path):
 
 # --- building the profile from the worker's events ------------------------------------------------
 
+
 def _start(capability=(7, 0)):
-    return {"event": "start", "device": {"name": "Tesla V100-SXM2-32GB", "sms": 80, "capability": list(capability)},
-            "software": {"torch": "2.9.1+cu128", "cuda": "12.8", "driver": "570.86.15"},
-            "extension": {"path": "/x/_vllm_fa2_C.abi3.so", "sha256": SHA}, "split_hook": True,
-            "gqa": {"head_dim": 256, "max_group": 16}, "rows_per_cta": 64,
-            "nvml": {"available": False, "note": "NVML not sampled: test"}}
+    return {
+        "event": "start",
+        "device": {"name": "Tesla V100-SXM2-32GB", "sms": 80, "capability": list(capability)},
+        "software": {"torch": "2.9.1+cu128", "cuda": "12.8", "driver": "570.86.15"},
+        "extension": {"path": "/x/_vllm_fa2_C.abi3.so", "sha256": SHA},
+        "split_hook": True,
+        "gqa": {"head_dim": 256, "max_group": 16},
+        "rows_per_cta": 64,
+        "nvml": {"available": False, "note": "NVML not sampled: test"},
+    }
 
 
 def _points():
     out = []
     for kv, split_ratio in ((4096, 1.1), (8192, 0.9)):
-        rows = [{"route": r["route"], "splits": r["splits"], "times_ms": r["times_ms"],
-                 "median_ms": sorted(r["times_ms"])[3], "min_ms": min(r["times_ms"]), "max_ms": max(r["times_ms"]),
-                 "ok": True, "numerics": {"ok": True}}
-                for r in rows_at(4096, kv, {"split2": (split_ratio, 0.001, True)})]
+        rows = [
+            {
+                "route": r["route"],
+                "splits": r["splits"],
+                "times_ms": r["times_ms"],
+                "median_ms": sorted(r["times_ms"])[3],
+                "min_ms": min(r["times_ms"]),
+                "max_ms": max(r["times_ms"]),
+                "ok": True,
+                "numerics": {"ok": True},
+            }
+            for r in rows_at(4096, kv, {"split2": (split_ratio, 0.001, True)})
+        ]
         out.append({"event": "point", "q": 4096, "kv": kv, "rows": rows, "clocks": None})
     return out
 
@@ -383,7 +472,8 @@ def test_profile_from_measurements_is_valid_and_decides():
     doc = tune.build_profile(PLAN, _start(), rows)
     assert doc["decisions"] == [
         {"group": 6, "head_dim": 256, "q": [4033, 4097], "kv": [0, 5793], "route": EXACT},
-        {"group": 6, "head_dim": 256, "q": [4033, 4097], "kv": [5793, 8193], "route": EXACT, "splits": 2}]
+        {"group": 6, "head_dim": 256, "q": [4033, 4097], "kv": [5793, 8193], "route": EXACT, "splits": 2},
+    ]
     split = next(r for r in rows if r["kv"] == 8192 and r["splits"] == 2)
     assert split["name"] == SPLITKV and split["ratio_to_exact"]["median"] == pytest.approx(0.9)
     assert "notes" not in doc["software"] and doc["software"]["fa2patch"]
@@ -398,20 +488,22 @@ def test_a_lab_profile_says_its_timings_are_not_v100_timings():
 
 
 def test_default_file_name_is_device_keyed():
-    assert tune.default_name("Tesla V100-SXM2-32GB", RankHeads(6, 1, 256)) == \
-        "routing-profile,device_name=Tesla_V100-SXM2-32GB,hq=6,hkv=1,d=256.json"
+    assert (
+        tune.default_name("Tesla V100-SXM2-32GB", RankHeads(6, 1, 256))
+        == "routing-profile,device_name=Tesla_V100-SXM2-32GB,hq=6,hkv=1,d=256.json"
+    )
 
 
 def test_routes_at_a_point():
     gqa = {"head_dim": 256, "max_group": 16}
-    assert PLAN.routes_at(4096, 8192, gqa) == [(EXACT, 1), (EXACT, 2), (EXACT, 3),
-                                               (EXACT, 4), (GQA, 1)]
+    assert PLAN.routes_at(4096, 8192, gqa) == [(EXACT, 1), (EXACT, 2), (EXACT, 3), (EXACT, 4), (GQA, 1)]
     assert (GQA, 1) not in tune.Plan(RankHeads(8, 4, 128), 4096, 8192).routes_at(4096, 8192, gqa)
     assert (GQA, 1) not in tune.Plan(RankHeads(32, 1, 256), 4096, 8192).routes_at(4096, 8192, gqa)
     assert (GQA, 1) not in PLAN.routes_at(4096, 8192, None)
 
 
 # --- forcing routes (a fake extension) ---------------------------------------------------------------
+
 
 class FakeOps:
     def __init__(self, hook=True):
@@ -438,8 +530,15 @@ def test_run_route_forces_each_route():
     tune_worker.run_route(ops, EXACT, 1, FakeCall(ops.log))
     tune_worker.run_route(ops, EXACT, 3, FakeCall(ops.log))
     tune_worker.run_route(ops, GQA, 1, FakeCall(ops.log))
-    assert ops.log == [("hook", 1), ("varlen", "0"), ("hook", 0), ("hook", 3), ("varlen", "0"), ("hook", 0),
-                       ("gqa", None)]
+    assert ops.log == [
+        ("hook", 1),
+        ("varlen", "0"),
+        ("hook", 0),
+        ("hook", 3),
+        ("varlen", "0"),
+        ("hook", 0),
+        ("gqa", None),
+    ]
     bare = FakeOps(hook=False)
     tune_worker.run_route(bare, EXACT, 1, FakeCall(bare.log))
     assert bare.log == [("varlen", "0")]
@@ -461,6 +560,7 @@ def test_split_kv_without_the_hook_is_not_measured():
 
 # --- the estimate --------------------------------------------------------------------------------------
 
+
 def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
     """Each route at each point is charged report's estimate for that route (split-KV at its own
     split count), warm-up + timed + 1 numerics calls; a route report does not estimate is charged
@@ -472,11 +572,26 @@ def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
 
     def fake(artifact, arch, launch, shapes, card, splits=(2, 3, 4), anchors=()):
         asked.append(tuple(splits))
-        return {"predictions": [p for s in shapes for p in (
-            {"label": s.label, "route": EXACT, "plan": {"splits": 1}, "calibrated_ms": s.kv / 1000},
-            {"label": s.label, "route": GQA, "plan": {"splits": 1}, "calibrated_ms": s.kv / 2000},
-            *({"label": s.label, "route": SPLITKV, "plan": {"splits": n},
-               "calibrated_ms": s.kv / (1000 + 100 * n)} for n in splits if n != 3))]}
+        return {
+            "predictions": [
+                p
+                for s in shapes
+                for p in (
+                    {"label": s.label, "route": EXACT, "plan": {"splits": 1}, "calibrated_ms": s.kv / 1000},
+                    {"label": s.label, "route": GQA, "plan": {"splits": 1}, "calibrated_ms": s.kv / 2000},
+                    *(
+                        {
+                            "label": s.label,
+                            "route": SPLITKV,
+                            "plan": {"splits": n},
+                            "calibrated_ms": s.kv / (1000 + 100 * n),
+                        }
+                        for n in splits
+                        if n != 3
+                    ),
+                )
+            ]
+        }
 
     monkeypatch.setattr(report, "report", fake)
     plan = tune.Plan(RankHeads(6, 1, 256), chunk=2048, max_model_len=4096, warmup=2, reps=7, splits=(2, 3))
@@ -488,7 +603,8 @@ def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
     expected = sum(10 * (kv / 1000 + kv / 1200 + kv / 1000 + kv / 2000) for _, kv in plan.points) / 1000
     assert est["seconds"] == pytest.approx(expected) and "ESTIMATE" in est["note"]
     assert est["per_route_seconds"][SPLITKV] == pytest.approx(
-        sum(10 * (kv / 1200 + kv / 1000) for _, kv in plan.points) / 1000)
+        sum(10 * (kv / 1200 + kv / 1000) for _, kv in plan.points) / 1000
+    )
     assert est["per_route_seconds"][GQA] == pytest.approx(sum(10 * kv / 2000 for _, kv in plan.points) / 1000)
     assert "sm70-dense-splitkv charged at the exact route's time where report has no estimate" in est["note"]
 
@@ -500,9 +616,15 @@ def test_no_estimate_without_an_sm70_build():
 
 # --- the command line ---------------------------------------------------------------------------------
 
+
 def fa2patch(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "fa2patch", *args], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "FA2PATCH_ROOT": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "fa2patch", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "FA2PATCH_ROOT": str(REPO)},
+    )
 
 
 @pytest.fixture
@@ -532,8 +654,19 @@ def test_tune_check_good_and_refused(tmp_path):
 
 
 def test_tune_estimate_only_prints_the_plan(config):
-    proc = fa2patch("tune", "--model-config", str(config), "--tp", "4", "--max-num-batched-tokens", "4096",
-                    "--max-model-len", "131072", "--estimate-only", "--json")
+    proc = fa2patch(
+        "tune",
+        "--model-config",
+        str(config),
+        "--tp",
+        "4",
+        "--max-num-batched-tokens",
+        "4096",
+        "--max-model-len",
+        "131072",
+        "--estimate-only",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["plan"]["heads"] == {"hq": 6, "hkv": 1, "d": 256}
@@ -559,6 +692,7 @@ def test_tune_without_gpu_exits_3(config):
 
 # --- one point measured through a fake extension on the CPU -----------------------------------------
 
+
 class CpuTorch:
     """torch with the "cuda" device mapped to the CPU and fake CUDA events (the worker's logic
     runs unchanged; no timing means anything here)."""
@@ -569,7 +703,7 @@ class CpuTorch:
         import torch as real
 
         self.real = real
-        clock = iter(range(1, 10 ** 6))
+        clock = iter(range(1, 10**6))
 
         class Event:
             def __init__(self, enable_timing=False):
@@ -581,15 +715,20 @@ class CpuTorch:
             def elapsed_time(self, other):
                 return float(other.t - self.t)
 
-        self.cuda = type("cuda", (), {"Event": Event, "synchronize": staticmethod(lambda: None),
-                                      "current_device": staticmethod(lambda: 0)})
+        self.cuda = type(
+            "cuda",
+            (),
+            {"Event": Event, "synchronize": staticmethod(lambda: None), "current_device": staticmethod(lambda: 0)},
+        )
 
     def __getattr__(self, name):
         attr = getattr(self.real, name)
         if name in ("randn", "randperm", "tensor", "empty", "full_like", "Generator"):
+
             def cpu(*args, **kw):
                 kw.pop("device", None)
                 return attr(*args, **kw)
+
             return cpu
         return attr
 
@@ -652,13 +791,13 @@ def test_a_route_that_breaks_the_numerics_is_marked():
 
 
 def test_a_route_that_was_not_forced_is_an_error_not_a_measurement():
-    ops = CpuOps(count_as=GQA)   # the router took another route than the one forced
+    ops = CpuOps(count_as=GQA)  # the router took another route than the one forced
     rows = tune_worker.measure_point(CpuTorch(), ops, SPEC, 40, 100, ROUTES[:2], None, None)["rows"]
     assert all("RouteNotForced" in r["error"] and not r["times_ms"] for r in rows)
 
 
 def test_the_loaded_library_is_found_in_the_process_maps():
-    path = tune_worker.loaded_library("libc.so")           # any shared object this process mapped
+    path = tune_worker.loaded_library("libc.so")  # any shared object this process mapped
     if path is None:
         pytest.skip("no /proc/self/maps here")
     assert os.path.isfile(path) and "libc.so" in os.path.basename(path)
@@ -673,8 +812,11 @@ def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
     import fa2patch.extension as extension
     from fa2patch.cli import cli
 
-    monkeypatch.setattr(extension, "probe_gpu", lambda: {
-        "cuda": True, "name": "NVIDIA H200", "capability": "sm_90", "major": 9, "minor": 0, "sms": 132})
+    monkeypatch.setattr(
+        extension,
+        "probe_gpu",
+        lambda: {"cuda": True, "name": "NVIDIA H200", "capability": "sm_90", "major": 9, "minor": 0, "sms": 132},
+    )
     seen = {}
 
     def fake_run(artifact, plan, progress=None):
@@ -689,15 +831,31 @@ def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
     so = tmp_path / "ext.so"
     so.write_bytes(b"x")
     out = tmp_path / "p.json"
-    result = CliRunner().invoke(cli, ["tune", "--model-config", str(config), "--tp", "4", "--max-num-batched-tokens",
-                                      "4096", "--max-model-len", "8192", "--artifact", str(so), "--out", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "tune",
+            "--model-config",
+            str(config),
+            "--tp",
+            "4",
+            "--max-num-batched-tokens",
+            "4096",
+            "--max-model-len",
+            "8192",
+            "--artifact",
+            str(so),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert seen["artifact"] == so and seen["plan"].heads == RankHeads(6, 1, 256)
     doc = profile.check_file(out)
-    assert doc["device"]["name"] == "Tesla V100-SXM2-32GB"      # the (fake) worker's device
+    assert doc["device"]["name"] == "Tesla V100-SXM2-32GB"  # the (fake) worker's device
     assert f"export FA2PATCH_ROUTING_PROFILE={out}" in result.output
     assert "not a V100" in result.output and "not V100 timings" in result.output
-    assert "Q=4096: KV 4096, 8192" in result.output          # the plan, printed before measuring
+    assert "Q=4096: KV 4096, 8192" in result.output  # the plan, printed before measuring
 
 
 # --- the extension's own reader agrees (patch 0004's _profile_check_for_testing; no GPU needed) ------
@@ -729,19 +887,26 @@ def test_the_extensions_reader_agrees_with_the_validator(tmp_path):
     if built_for != torch.__version__:  # e.g. the gate's check-only build against torch 2.14.0
         pytest.skip(f"build/sm_70 is built for torch {built_for}, this is {torch.__version__}")
     artifact = manifest.parent / json.loads(manifest.read_text())["artifact"]["file"]
-    cases = [("good", GOOD, V100, SHA),
-             ("tuned", json.loads(json.dumps(tune.build_profile(PLAN, _start(), tune.measured_rows(PLAN, _points())))),
-              V100, SHA),
-             ("device_mismatch", GOOD, {**V100, "sms": 72}, SHA),
-             ("extension_mismatch", GOOD, V100, "cd" * 32)]
+    cases = [
+        ("good", GOOD, V100, SHA),
+        (
+            "tuned",
+            json.loads(json.dumps(tune.build_profile(PLAN, _start(), tune.measured_rows(PLAN, _points())))),
+            V100,
+            SHA,
+        ),
+        ("device_mismatch", GOOD, {**V100, "sms": 72}, SHA),
+        ("extension_mismatch", GOOD, V100, "cd" * 32),
+    ]
     cases += [(reason, mutate(change)(copy.deepcopy(GOOD)), V100, SHA) for reason, change in REFUSALS]
     calls = []
     for i, (_, doc, dev, sha) in enumerate(cases):
         path = tmp_path / f"{i}.json"
         path.write_text(json.dumps(doc))
         calls.append([str(path), dev["name"], dev["sms"], *dev["capability"], sha])
-    proc = subprocess.run([sys.executable, "-c", READER, str(artifact), json.dumps(calls)], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", READER, str(artifact), json.dumps(calls)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     if got.get("absent"):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`report --anchors`: users' bench files as calibration anchors (user_anchors.py), on the CPU with
 synthetic kernel rows: the fit recovers known parameters from anchors that are the model's own
 times at them, a residual checked by hand, the measured clock, and the refusals."""
@@ -9,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch import calibration as c
-from fa2patch import user_anchors as u
-from fa2patch.shapes import Shape
+from fa2patch import calibration as c, user_anchors as u
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import route_launches
-from fa2patch.v100model import Calibration, Card, LoopMix, estimate_route, load_v100
 from fa2patch.routes import EXACT
+from fa2patch.shapes import Shape
+from fa2patch.v100model import Calibration, Card, LoopMix, estimate_route, load_v100
 from test_report_model import synthetic
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -29,10 +29,24 @@ def kernel_rows():
     iteration of 600 instructions (1,200 issue cycles for two warps), no code outside the loop
     recorded (one load round before the first iteration)."""
     mix = {**vars(LoopMix()), "instructions": 600}
-    geo = {"kernel": "flash_fwd_sm70_kernel<64>", "threads": 256, "dynamic_smem": 1, "route": EXACT,
-           "head_dim": 64, "rows_per_cta": 64, "keys_per_iteration": 32, "warps": 8}
-    return [{"kernel": "k64", "geometry": geo, "occupancy": {"blocks_per_sm": 1},
-             "hot_loops": [{"mix": {"hmma": 1}, "model_mix": mix, "cycles": LoopMix(**mix).pipes(2, V100)}]}]
+    geo = {
+        "kernel": "flash_fwd_sm70_kernel<64>",
+        "threads": 256,
+        "dynamic_smem": 1,
+        "route": EXACT,
+        "head_dim": 64,
+        "rows_per_cta": 64,
+        "keys_per_iteration": 32,
+        "warps": 8,
+    }
+    return [
+        {
+            "kernel": "k64",
+            "geometry": geo,
+            "occupancy": {"blocks_per_sm": 1},
+            "hot_loops": [{"mix": {"hmma": 1}, "model_mix": mix, "cycles": LoopMix(**mix).pipes(2, V100)}],
+        }
+    ]
 
 
 ROWS = kernel_rows()
@@ -53,20 +67,32 @@ def case(shape: Shape, ms: float | None, clock: float | None = 1350.0, **extra) 
 
 def bench_file(tmp_path, cases, capability="sm_70", sms=80, name="bench.json") -> Path:
     path = tmp_path / name
-    path.write_text(json.dumps({"gpu": "Tesla V100-SXM2-32GB", "capability": capability, "sms": sms,
-                                "manifest_sha256": "ab" * 32, "results": cases}))
+    path.write_text(
+        json.dumps(
+            {
+                "gpu": "Tesla V100-SXM2-32GB",
+                "capability": capability,
+                "sms": sms,
+                "manifest_sha256": "ab" * 32,
+                "results": cases,
+            }
+        )
+    )
     return path
 
 
-SHAPES = [Shape(1024, 1024, 6, 1, 64, True, 0.125), Shape(4096, 4096, 6, 1, 64, True, 0.125),
-          Shape(512, 16384, 6, 1, 64, True, 0.125), Shape(8192, 8192, 2, 1, 64, True, 0.125),
-          Shape(320, 192, 1, 1, 64, False, 0.125)]
+SHAPES = [
+    Shape(1024, 1024, 6, 1, 64, True, 0.125),
+    Shape(4096, 4096, 6, 1, 64, True, 0.125),
+    Shape(512, 16384, 6, 1, 64, True, 0.125),
+    Shape(8192, 8192, 2, 1, 64, True, 0.125),
+    Shape(320, 192, 1, 1, 64, False, 0.125),
+]
 
 
 def true_ms(shape: Shape, sms: int = 80, clock: float = 1350.0, cal: Calibration = TRUE) -> float:
     """The model's own time at ``cal`` by estimate_route (not the fit's route_timer), at the clock."""
-    return estimate_route(launches_for(shape, EXACT, Card(sms, clock)), Card(sms, clock), V100, cal,
-                          clock)["ms"]
+    return estimate_route(launches_for(shape, EXACT, Card(sms, clock)), Card(sms, clock), V100, cal, clock)["ms"]
 
 
 def data_at(cal: Calibration) -> dict:
@@ -87,7 +113,8 @@ def test_the_fit_recovers_known_parameters_from_user_anchors(tmp_path):
     assert cal["parameters"]["cta_cycles"] == pytest.approx(20000, rel=1e-2)
     rows = [a for a in cal["anchors"] if a["kind"] == "user"]
     assert [(a["file"], a["label"], a["route"], a["clock_mhz"]) for a in rows] == [
-        (str(path), s.label, EXACT, k) for s, k in zip(SHAPES, clocks)]
+        (str(path), s.label, EXACT, k) for s, k in zip(SHAPES, clocks)
+    ]
     assert all(abs(a["residual"]) < 2e-3 and abs(a["loo_residual"]) < 2e-3 for a in rows)
 
 
@@ -127,15 +154,21 @@ def test_one_user_anchor_off_moves_the_fit_a_little_and_says_so(tmp_path):
 
 def test_the_clock_is_the_nvml_median_else_nvidia_smi_else_the_case_is_left_out(tmp_path):
     shape = SHAPES[0]
-    path = bench_file(tmp_path, [
-        case(shape, 1.0, 1350.0),
-        case(shape, 1.0, None, sm_clock_after="1297 MHz"),
-        case(shape, 1.0, None),
-        case(shape, None, error="Traceback ...\nRuntimeError: CUDA out of memory"),
-        {**case(shape, 1.0), "route": "sm70-other"}])
+    path = bench_file(
+        tmp_path,
+        [
+            case(shape, 1.0, 1350.0),
+            case(shape, 1.0, None, sm_clock_after="1297 MHz"),
+            case(shape, 1.0, None),
+            case(shape, None, error="Traceback ...\nRuntimeError: CUDA out of memory"),
+            {**case(shape, 1.0), "route": "sm70-other"},
+        ],
+    )
     user, skipped = u.load([path], launches_for)
     assert [(a["clock_mhz"], a["clock_source"]) for a in user] == [
-        (1350.0, "NVML median during the timed calls"), (1297.0, "nvidia-smi right after the timed calls")]
+        (1350.0, "NVML median during the timed calls"),
+        (1297.0, "nvidia-smi right after the timed calls"),
+    ]
     assert [s["reason"].split(":")[0] for s in skipped] == ["no clock", "no time (RuntimeError", str(ARTIFACT)]
     assert "no model of route 'sm70-other'" in skipped[2]["reason"]
     # The anchor runs at its measured clock whatever its duty: half the clock, twice the time.
@@ -147,8 +180,11 @@ def test_the_clock_is_the_nvml_median_else_nvidia_smi_else_the_case_is_left_out(
 
 def test_files_from_other_gpus_or_without_an_sm_count_are_refused(tmp_path):
     h200 = bench_file(tmp_path, [case(SHAPES[0], 1.0)], capability="sm_90", name="h200.json")
-    with pytest.raises(EnvironmentProblem, match=r"h200.json: expected a bench file from an sm_70 card .* actual "
-                                                 r"'sm_90' \(Tesla V100-SXM2-32GB\)"):
+    with pytest.raises(
+        EnvironmentProblem,
+        match=r"h200.json: expected a bench file from an sm_70 card .* actual "
+        r"'sm_90' \(Tesla V100-SXM2-32GB\)",
+    ):
         u.load([h200], launches_for)
     with pytest.raises(EnvironmentProblem, match="records no SM count"):
         u.load([bench_file(tmp_path, [], sms=None, name="nosms.json")], launches_for)

@@ -16,11 +16,11 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from helpers import REPO, locked_toolchain, require_toolchain
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """bench: time two routes of the extension on a GPU over a shape sweep, with numerics.
 
 Each (route, shape) runs in its own subprocess with the route's environment (the lab switch is
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics
 from .calibration import range_text, separated
-from .errors import Fa2PatchError, EnvironmentProblem, NothingToLaunch
+from .errors import EnvironmentProblem, Fa2PatchError, NothingToLaunch
 from .extension import mhz, pin_route, probe_gpu, python_json, require_build_info, routes_of, smi
 from .routes import EXACT
 from .shapes import Shape, useful_flops
@@ -34,8 +35,9 @@ def judge(numbers: dict) -> dict:
     """The envelope and the contract verdicts for one comparison (``reference.compare`` keys)."""
     return {
         "envelope_ok": numerics.within_envelope(numbers["max_abs"], numbers["rel_l2"], numbers["finite"]),
-        "contract_ok": numerics.meets_contract(numbers["max_abs"], numbers["bar"], numbers["rel_l2"],
-                                               numbers["finite"]),
+        "contract_ok": numerics.meets_contract(
+            numbers["max_abs"], numbers["bar"], numbers["rel_l2"], numbers["finite"]
+        ),
     }
 
 
@@ -47,26 +49,46 @@ def gpu_or_nothing() -> dict:
     return gpu
 
 
-def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | None, shapes: list[Shape],
-          warmup: int, reps: int, progress=lambda items: items) -> dict:
+def bench(
+    gpu: dict,
+    artifact: Path,
+    manifest_sha256: str,
+    routes: list[str] | None,
+    shapes: list[Shape],
+    warmup: int,
+    reps: int,
+    progress=lambda items: items,
+) -> dict:
     """``routes``: one or two route names; None: sm70-dense and the first other route."""
     info = require_build_info(artifact)
     known = routes_of(info)
     routes = routes or [EXACT] + [n for n in known if n != EXACT][:1]
     unknown = [r for r in routes if r not in known]
     if unknown:
-        raise EnvironmentProblem(f"{artifact}: no route {', '.join(unknown)}; it registers "
-                                 f"{', '.join(known) or 'none'}")
+        raise EnvironmentProblem(
+            f"{artifact}: no route {', '.join(unknown)}; it registers {', '.join(known) or 'none'}"
+        )
     if any(s.b != 1 or s.decode for s in shapes):
-        raise EnvironmentProblem("--shapes: b (batch) and decode are for `report` only; bench times one sequence "
-                                 "per shape")
+        raise EnvironmentProblem(
+            "--shapes: b (batch) and decode are for `report` only; bench times one sequence per shape"
+        )
     idle, max_clock, driver = (smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
-        r = python_json("from fa2patch.bench import worker; worker()", str(artifact),
-                         json.dumps({**asdict(shape), "warmup": warmup, "reps": reps, "op": known[route]["op"],
-                                     "pin_splits": known[route].get("pin_splits")}),
-                         env=known[route].get("env"))
+        r = python_json(
+            "from fa2patch.bench import worker; worker()",
+            str(artifact),
+            json.dumps(
+                {
+                    **asdict(shape),
+                    "warmup": warmup,
+                    "reps": reps,
+                    "op": known[route]["op"],
+                    "pin_splits": known[route].get("pin_splits"),
+                }
+            ),
+            env=known[route].get("env"),
+        )
         if "error" not in r:
             r.update(judge(r["numerics"]))
             r["tflops"] = useful_flops(shape) / (r["median_ms"] * 1e-3) / 1e12
@@ -75,16 +97,30 @@ def bench(gpu: dict, artifact: Path, manifest_sha256: str, routes: list[str] | N
     nvml = next((r["nvml"] for r in results if r.get("nvml")), {"available": False, "note": "no case ran"})
     for r in results:
         r.pop("nvml", None)
-    return {"gpu": gpu["name"], "capability": gpu["capability"], "sms": gpu.get("sms"), "torch": gpu.get("torch"),
-            "cuda": gpu.get("cuda_version"), "fa2patch": __version__, "sm_clock_idle": idle.strip(),
-            "sm_clock_max": max_clock.strip(), "driver": driver.strip() or (nvml.get("driver") or ""),
-            "manifest_sha256": manifest_sha256, "routes": routes, "is_v100": gpu["capability"] == "sm_70",
-            "nvml": nvml, "throttle_rule": THROTTLE_RULE, "results": results}
+    return {
+        "gpu": gpu["name"],
+        "capability": gpu["capability"],
+        "sms": gpu.get("sms"),
+        "torch": gpu.get("torch"),
+        "cuda": gpu.get("cuda_version"),
+        "fa2patch": __version__,
+        "sm_clock_idle": idle.strip(),
+        "sm_clock_max": max_clock.strip(),
+        "driver": driver.strip() or (nvml.get("driver") or ""),
+        "manifest_sha256": manifest_sha256,
+        "routes": routes,
+        "is_v100": gpu["capability"] == "sm_70",
+        "nvml": nvml,
+        "throttle_rule": THROTTLE_RULE,
+        "results": results,
+    }
 
 
-THROTTLE_RULE = ("throttled: NVML reported a clock event reason other than gpu_idle or applications_clocks_setting "
-                 "during the timed calls (power cap, thermal or hardware slowdown, sync boost, display clocks; "
-                 "fa2patch/gpu_clocks.py says why)")
+THROTTLE_RULE = (
+    "throttled: NVML reported a clock event reason other than gpu_idle or applications_clocks_setting "
+    "during the timed calls (power cap, thermal or hardware slowdown, sync boost, display clocks; "
+    "fa2patch/gpu_clocks.py says why)"
+)
 
 
 def attach_model(result: dict, artifact: Path, arch: str = "sm_70") -> None:
@@ -165,12 +201,38 @@ def worker() -> None:
     cu_k = torch.tensor([0, spec["kv"]], dtype=torch.int32, device="cuda")
 
     if name == "varlen_fwd":
+
         def call():
-            op(q, k, v, out, cu_q, cu_k, None, None, None, None, spec["q"], spec["kv"], 0.0, spec["scale"],
-               False, spec["causal"], -1, -1, 0.0, False, 0, None)
+            op(
+                q,
+                k,
+                v,
+                out,
+                cu_q,
+                cu_k,
+                None,
+                None,
+                None,
+                None,
+                spec["q"],
+                spec["kv"],
+                0.0,
+                spec["scale"],
+                False,
+                spec["causal"],
+                -1,
+                -1,
+                0.0,
+                False,
+                0,
+                None,
+            )
     else:
-        ws = torch.empty(ops.gqa_prefill_workspace_bytes(spec["q"], spec["kv"], spec["hq"], spec["hkv"]),
-                         dtype=torch.uint8, device="cuda")
+        ws = torch.empty(
+            ops.gqa_prefill_workspace_bytes(spec["q"], spec["kv"], spec["hq"], spec["hkv"]),
+            dtype=torch.uint8,
+            device="cuda",
+        )
 
         def call():
             op(q, k, v, out, None, spec["kv"], spec["scale"], ws)
@@ -192,17 +254,30 @@ def worker() -> None:
     clock = smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
     times.sort()
     ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
-    ref16, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16,
-                                     max_elems=1 << 28)
+    ref16, _ = attention_ref_chunked(
+        q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16, max_elems=1 << 28
+    )
     numerics = compare(out, ref, ref16)
     numerics["mean_abs"] = (out.float() - ref).abs().mean().item()
-    print(json.dumps({"median_ms": times[len(times) // 2], "min_ms": times[0], "max_ms": times[-1],
-                      "sm_clock_after": clock.strip(), "numerics": numerics,
-                      "clocks": sampler.summary() if sampler else None, "nvml": nvml_info}))
+    print(
+        json.dumps(
+            {
+                "median_ms": times[len(times) // 2],
+                "min_ms": times[0],
+                "max_ms": times[-1],
+                "sm_clock_after": clock.strip(),
+                "numerics": numerics,
+                "clocks": sampler.summary() if sampler else None,
+                "nvml": nvml_info,
+            }
+        )
+    )
 
 
-WARNING = ("WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "
-           "V100 (the H200 emulates Volta's mma.m8n8k4).")
+WARNING = (
+    "WARNING: this GPU is not a V100 (sm_70): timings of SM70 code here do not represent "
+    "V100 (the H200 emulates Volta's mma.m8n8k4)."
+)
 
 
 def render(result: dict) -> str:
@@ -214,9 +289,11 @@ def render(result: dict) -> str:
     case."""
     routes = result["routes"]
     loaded = sorted({r["sm_clock_after"] for r in result["results"] if r.get("sm_clock_after")})
-    lines = [f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock_idle']} idle, "
-             f"{result['sm_clock_max']} max, {' / '.join(loaded) or 'unknown'} right after the timed calls; "
-             f"driver {result['driver']}, build manifest sha256 {result['manifest_sha256'][:16]}"]
+    lines = [
+        f"GPU {result['gpu']} ({result['capability']}), SM clock {result['sm_clock_idle']} idle, "
+        f"{result['sm_clock_max']} max, {' / '.join(loaded) or 'unknown'} right after the timed calls; "
+        f"driver {result['driver']}, build manifest sha256 {result['manifest_sha256'][:16]}"
+    ]
     if not result["is_v100"]:
         lines.append(WARNING)
     by_shape: dict[str, dict] = {}
@@ -234,17 +311,36 @@ def render(result: dict) -> str:
         cells = [label]
         got = [per.get(x, {}) for x in routes]
         ms = [r.get("median_ms") for r in got]
-        cells += [(range_text(r["median_ms"], r.get("min_ms", r["median_ms"]), r.get("max_ms", r["median_ms"]), 2)
-                   + ("*" if r.get("throttled") else "") if r.get("median_ms") else "error") for r in got]
+        cells += [
+            (
+                range_text(r["median_ms"], r.get("min_ms", r["median_ms"]), r.get("max_ms", r["median_ms"]), 2)
+                + ("*" if r.get("throttled") else "")
+                if r.get("median_ms")
+                else "error"
+            )
+            for r in got
+        ]
         if len(routes) == 2:
             ok = all(ms)
-            spans = [{"calibrated_ms_low": r.get("min_ms", r.get("median_ms")),
-                      "calibrated_ms_high": r.get("max_ms", r.get("median_ms"))} for r in got]
-            cells += [f"{ms[0] / ms[1]:.2f}x" if ok else "-", f"{1 - ms[1] / ms[0]:.0%}" if ok else "-",
-                      ("separated" if separated(*spans) else "not separated") if ok else "-"]
+            spans = [
+                {
+                    "calibrated_ms_low": r.get("min_ms", r.get("median_ms")),
+                    "calibrated_ms_high": r.get("max_ms", r.get("median_ms")),
+                }
+                for r in got
+            ]
+            cells += [
+                f"{ms[0] / ms[1]:.2f}x" if ok else "-",
+                f"{1 - ms[1] / ms[0]:.0%}" if ok else "-",
+                ("separated" if separated(*spans) else "not separated") if ok else "-",
+            ]
         cells += [f"{per[x]['tflops']:.1f}" if "tflops" in per.get(x, {}) else "-" for x in routes]
-        cells += [("ok" if per[x]["envelope_ok"] else "FAIL") + "/" + ("ok" if per[x]["contract_ok"] else "FAIL")
-                  if "envelope_ok" in per.get(x, {}) else per.get(x, {}).get("error", "-")[:40] for x in routes]
+        cells += [
+            ("ok" if per[x]["envelope_ok"] else "FAIL") + "/" + ("ok" if per[x]["contract_ok"] else "FAIL")
+            if "envelope_ok" in per.get(x, {})
+            else per.get(x, {}).get("error", "-")[:40]
+            for x in routes
+        ]
         if modelled:
             cells += [model_text(per.get(x, {}).get("model")) for x in routes]
             cells += [ratio_text(per.get(x, {}).get("measured_over_model")) for x in routes]
@@ -254,8 +350,10 @@ def render(result: dict) -> str:
         lines.append(f"* ran throttled ({result.get('throttle_rule', THROTTLE_RULE)})")
     if modelled:
         card = result.get("model_card", {})
-        lines.append(f"model ms: report's calibrated estimate for a V100 with {card.get('sms')} SMs at "
-                     f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement; docs/report-model.md)")
+        lines.append(
+            f"model ms: report's calibrated estimate for a V100 with {card.get('sms')} SMs at "
+            f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement; docs/report-model.md)"
+        )
     elif result.get("model_note"):
         lines.append(result["model_note"])
     lines += ["", "The card during each timed case (NVML):"]
@@ -263,8 +361,12 @@ def render(result: dict) -> str:
     if not nvml.get("available"):
         lines.append(nvml.get("note") or "NVML not sampled")
     else:
-        lines.append(table([[r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]],
-                           ["shape", "route", "samples"]))
+        lines.append(
+            table(
+                [[r["label"], r["route"], gpu_clocks.describe(r.get("clocks"))] for r in result["results"]],
+                ["shape", "route", "samples"],
+            )
+        )
     return "\n".join(lines)
 
 
@@ -273,18 +375,37 @@ def markdown(result: dict) -> str:
     timings, the card's clocks, power, temperature and throttle reasons during the timed calls,
     the numerics verdicts and, on an SM70 card, report's estimate and measured/model."""
     nvml = result.get("nvml") or {}
-    facts = [("GPU", f"{result['gpu']} ({result['capability']}, {result.get('sms') or '?'} SMs)"),
-             ("driver", result.get("driver") or "?"),
-             ("torch / CUDA", f"{result.get('torch') or '?'} / {result.get('cuda') or '?'}"),
-             ("fa2patch", result.get("fa2patch") or __version__),
-             ("build manifest sha256", f"`{result['manifest_sha256']}`"),
-             ("SM clock (nvidia-smi)", f"{result['sm_clock_idle'] or '?'} idle, {result['sm_clock_max'] or '?'} max"),
-             ("NVML", f"sampled every {nvml.get('interval_ms', 0):g} ms ({nvml.get('device')}); power limit "
-                      f"{nvml.get('power_limit_w') or '?'} W" if nvml.get("available") else nvml.get("note") or "not sampled")]
+    facts = [
+        ("GPU", f"{result['gpu']} ({result['capability']}, {result.get('sms') or '?'} SMs)"),
+        ("driver", result.get("driver") or "?"),
+        ("torch / CUDA", f"{result.get('torch') or '?'} / {result.get('cuda') or '?'}"),
+        ("fa2patch", result.get("fa2patch") or __version__),
+        ("build manifest sha256", f"`{result['manifest_sha256']}`"),
+        ("SM clock (nvidia-smi)", f"{result['sm_clock_idle'] or '?'} idle, {result['sm_clock_max'] or '?'} max"),
+        (
+            "NVML",
+            f"sampled every {nvml.get('interval_ms', 0):g} ms ({nvml.get('device')}); power limit "
+            f"{nvml.get('power_limit_w') or '?'} W"
+            if nvml.get("available")
+            else nvml.get("note") or "not sampled",
+        ),
+    ]
     lines = [f"### fa2patch bench: {result['gpu']}", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in facts]
-    header = ["shape", "route", "median ms", "min-max ms", "TFLOP/s", "SM MHz min-med-max", "mem MHz",
-              "power W", "temp C", "throttle reasons", "throttled", "envelope/contract"]
+    header = [
+        "shape",
+        "route",
+        "median ms",
+        "min-max ms",
+        "TFLOP/s",
+        "SM MHz min-med-max",
+        "mem MHz",
+        "power W",
+        "temp C",
+        "throttle reasons",
+        "throttled",
+        "envelope/contract",
+    ]
     modelled = any("model" in r for r in result["results"])
     if modelled:
         header += ["model ms (V100)", "measured/model"]
@@ -292,22 +413,34 @@ def markdown(result: dict) -> str:
     for r in result["results"]:
         c = r.get("clocks") or {}
         if "median_ms" not in r:
-            row = [r["label"], r["route"], "error: " + r.get("error", "?").splitlines()[-1][:80]] + [""] * (len(header) - 3)
+            row = [r["label"], r["route"], "error: " + r.get("error", "?").splitlines()[-1][:80]] + [""] * (
+                len(header) - 3
+            )
         else:
-            row = [r["label"], r["route"], f"{r['median_ms']:.3f}", f"{r['min_ms']:.3f}-{r['max_ms']:.3f}",
-                   f"{r.get('tflops', 0):.1f}", _md_range(c.get("sm_clock_mhz")), _md_range(c.get("mem_clock_mhz")),
-                   _md_range(c.get("power_w")), _md_range(c.get("temperature_c")),
-                   ", ".join(c.get("throttle_reasons_seen") or []) or "-",
-                   {True: "**yes**", False: "no", None: "?"}[r.get("throttled")],
-                   ("ok" if r.get("envelope_ok") else "FAIL") + "/" + ("ok" if r.get("contract_ok") else "FAIL")]
+            row = [
+                r["label"],
+                r["route"],
+                f"{r['median_ms']:.3f}",
+                f"{r['min_ms']:.3f}-{r['max_ms']:.3f}",
+                f"{r.get('tflops', 0):.1f}",
+                _md_range(c.get("sm_clock_mhz")),
+                _md_range(c.get("mem_clock_mhz")),
+                _md_range(c.get("power_w")),
+                _md_range(c.get("temperature_c")),
+                ", ".join(c.get("throttle_reasons_seen") or []) or "-",
+                {True: "**yes**", False: "no", None: "?"}[r.get("throttled")],
+                ("ok" if r.get("envelope_ok") else "FAIL") + "/" + ("ok" if r.get("contract_ok") else "FAIL"),
+            ]
             if modelled:
                 row += [model_text(r.get("model")), ratio_text(r.get("measured_over_model"))]
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
     lines += ["", f"- {result.get('throttle_rule', THROTTLE_RULE)}."]
     if modelled:
         card = result.get("model_card", {})
-        lines.append(f"- model ms: `fa2patch report`'s calibrated estimate for a V100 with {card.get('sms')} SMs at "
-                     f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement).")
+        lines.append(
+            f"- model ms: `fa2patch report`'s calibrated estimate for a V100 with {card.get('sms')} SMs at "
+            f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement)."
+        )
     elif result.get("model_note"):
         lines.append(f"- {result['model_note']}")
     if not result["is_v100"]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """build: compile `_vllm_fa2_C` from the replayed workspace for one architecture with ninja.
 
 The patched tree says what to build in ``fa2patch-build.toml`` (sources per architecture,
@@ -50,23 +51,32 @@ class BuildDescription:
     def load(cls, tree: Path) -> "BuildDescription":
         path = Path(tree) / DESCRIPTION
         if not path.is_file():
-            raise EnvironmentProblem(f"{path}: no build description in the workspace "
-                                     "(is it replayed with patch 0001?)")
+            raise EnvironmentProblem(f"{path}: no build description in the workspace (is it replayed with patch 0001?)")
         try:
             data = tomllib.loads(path.read_text())
             groups = data.get("sources", {})
             ext = data["extension"]
-            archs = {a: ArchSpec(expand_sources(path, f"[arch.{a}] cuda_sources", spec.get("cuda_sources", []),
-                                                groups),
-                                 spec.get("defines", []), spec.get("tensor_core_kernels", []),
-                                 bool(spec.get("lab", False)))
-                     for a, spec in data.get("arch", {}).items()}
-            desc = cls(path, ext["name"], ext["include_dirs"], ext.get("defines", []),
-                       expand_sources(path, "[extension] host_sources", ext["host_sources"], groups),
-                       archs, ext.get("system_include_dirs", []))
+            archs = {
+                a: ArchSpec(
+                    expand_sources(path, f"[arch.{a}] cuda_sources", spec.get("cuda_sources", []), groups),
+                    spec.get("defines", []),
+                    spec.get("tensor_core_kernels", []),
+                    bool(spec.get("lab", False)),
+                )
+                for a, spec in data.get("arch", {}).items()
+            }
+            desc = cls(
+                path,
+                ext["name"],
+                ext["include_dirs"],
+                ext.get("defines", []),
+                expand_sources(path, "[extension] host_sources", ext["host_sources"], groups),
+                archs,
+                ext.get("system_include_dirs", []),
+            )
         except (tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise CheckFailed(f"{path}: malformed build description: {exc!r}") from exc
-        grouped = [f for files in groups.values() for f in files]   # setup.py reads the groups too
+        grouped = [f for files in groups.values() for f in files]  # setup.py reads the groups too
         for src in desc.host_sources + [s for a in archs.values() for s in a.cuda_sources] + grouped:
             if not (Path(tree) / src).is_file():
                 raise CheckFailed(f"{path}: lists {src}, which is not in the tree")
@@ -74,8 +84,10 @@ class BuildDescription:
 
     def arch(self, arch: str) -> ArchSpec:
         if arch not in self.archs:
-            raise EnvironmentProblem(f"{self.path}: unsupported --arch\n  expected: one of "
-                                     f"{', '.join(sorted(self.archs))}\n  actual:   {arch}")
+            raise EnvironmentProblem(
+                f"{self.path}: unsupported --arch\n  expected: one of "
+                f"{', '.join(sorted(self.archs))}\n  actual:   {arch}"
+            )
         return self.archs[arch]
 
 
@@ -89,18 +101,24 @@ def expand_sources(path: Path, where: str, entries: list[str], groups: dict[str,
             continue
         group = groups.get(entry[1:])
         if group is None:
-            raise CheckFailed(f"{path}: {where} names an unknown source group\n  expected: one of "
-                              f"{', '.join('@' + g for g in sorted(groups)) or '(no [sources] groups)'}"
-                              f"\n  actual:   {entry}")
+            raise CheckFailed(
+                f"{path}: {where} names an unknown source group\n  expected: one of "
+                f"{', '.join('@' + g for g in sorted(groups)) or '(no [sources] groups)'}"
+                f"\n  actual:   {entry}"
+            )
         nested = [f for f in group if f.startswith("@")]
         if nested:
-            raise CheckFailed(f"{path}: [sources] {entry[1:]} lists {nested[0]}\n  expected: file paths "
-                              "(a group does not include another group)\n  actual:   a group reference")
+            raise CheckFailed(
+                f"{path}: [sources] {entry[1:]} lists {nested[0]}\n  expected: file paths "
+                "(a group does not include another group)\n  actual:   a group reference"
+            )
         files += group
     twice = sorted({f for f in files if files.count(f) > 1})
     if twice:
-        raise CheckFailed(f"{path}: {where} lists a file more than once\n  expected: each file once\n"
-                          f"  actual:   {', '.join(twice)} repeated (after expanding source groups)")
+        raise CheckFailed(
+            f"{path}: {where} lists a file more than once\n  expected: each file once\n"
+            f"  actual:   {', '.join(twice)} repeated (after expanding source groups)"
+        )
     return files
 
 
@@ -125,34 +143,51 @@ def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]
     """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder of
     ``cuda_release`` ("12.8", baseline.lock's [toolchain] cuda)."""
     major, minor = cuda_release.split(".")
-    return ["-x", "cuda", f"--cuda-gpu-arch={arch}", f"--cuda-path={cuda_path}",
-            # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist; without
-            # them every MMA silently compiles to a trap (docs/DESIGN.md §5).
-            f"-D__CUDACC_VER_MAJOR__={major}", f"-D__CUDACC_VER_MINOR__={minor}",
-            "-Xcuda-ptxas", "-v"]
+    return [
+        "-x",
+        "cuda",
+        f"--cuda-gpu-arch={arch}",
+        f"--cuda-path={cuda_path}",
+        # CuTe/CUTLASS enable their MMA atoms only when these nvcc macros exist; without
+        # them every MMA silently compiles to a trap (docs/DESIGN.md §5).
+        f"-D__CUDACC_VER_MAJOR__={major}",
+        f"-D__CUDACC_VER_MINOR__={minor}",
+        "-Xcuda-ptxas",
+        "-v",
+    ]
 
 
 def nvcc_cuda_flags(arch: str) -> list[str]:
     """nvcc's flags for a CUDA source compiled for ``arch`` (host flags go through -Xcompiler)."""
     sm = arch.removeprefix("sm_")
-    return [f"-gencode=arch=compute_{sm},code=sm_{sm}", "-Xptxas=-v",
-            "--expt-relaxed-constexpr", "--expt-extended-lambda"]
+    return [
+        f"-gencode=arch=compute_{sm},code=sm_{sm}",
+        "-Xptxas=-v",
+        "--expt-relaxed-constexpr",
+        "--expt-extended-lambda",
+    ]
 
 
 def prefix_maps(tree: Path, site_packages: Path, build_dir: Path, python_include: str) -> list[str]:
     """Map the workspace, torch's site-packages, the build folder and Python's headers away (header
     paths end up in the binary through __FILE__, and through the debug info where -g is on), so
     that the artifact does not depend on where it was built."""
-    return [f"-ffile-prefix-map={tree}=fa2", f"-ffile-prefix-map={site_packages}=site-packages",
-            f"-ffile-prefix-map={build_dir}=build", f"-ffile-prefix-map={python_include}=python-include"]
+    return [
+        f"-ffile-prefix-map={tree}=fa2",
+        f"-ffile-prefix-map={site_packages}=site-packages",
+        f"-ffile-prefix-map={build_dir}=build",
+        f"-ffile-prefix-map={python_include}=python-include",
+    ]
 
 
 # What `fa2patch build --python` says when a torch cannot run the build (README: "V100 with vLLM
 # 0.33, from zero").
-TORCH_HINT = ("  (vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it, which carries sm_70;\n"
-              "   other torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8, from 2.11 the CUDA 12.6 ones.\n"
-              "   To only check that fa2patch builds and loads with this torch, nothing to package:\n"
-              "   --allow-torch-without-sm70)")
+TORCH_HINT = (
+    "  (vLLM 0.33 pins torch 2.14.0: install PyTorch's CUDA 12.6 build of it, which carries sm_70;\n"
+    "   other torch wheels with sm_70: 2.9.x and 2.10 for CUDA 12.6/12.8, from 2.11 the CUDA 12.6 ones.\n"
+    "   To only check that fa2patch builds and loads with this torch, nothing to package:\n"
+    "   --allow-torch-without-sm70)"
+)
 
 
 def torch_for_build(python: str, arch: str, check_only: bool = False) -> tuple[dict, list[str]]:
@@ -163,20 +198,26 @@ def torch_for_build(python: str, arch: str, check_only: bool = False) -> tuple[d
     where the reasons are returned and recorded, and `package` refuses the result."""
     torch = toolchain.torch_info(python)
     if not torch:
-        raise EnvironmentProblem(f"{python}: cannot import torch with this interpreter\n  install: "
-                                 f"{toolchain.PIP_BUILD}")
+        raise EnvironmentProblem(
+            f"{python}: cannot import torch with this interpreter\n  install: {toolchain.PIP_BUILD}"
+        )
     if not torch.get("cuda"):
-        raise EnvironmentProblem(f"torch {torch['version']} ({python}) is a CPU build: "
-                                 f"it cannot run {arch} kernels (and has no libtorch_cuda to link)")
+        raise EnvironmentProblem(
+            f"torch {torch['version']} ({python}) is a CPU build: "
+            f"it cannot run {arch} kernels (and has no libtorch_cuda to link)"
+        )
     reasons = []
     if not toolchain.torch_runs_arch(torch, arch):
-        message = (f"torch {torch['version']} ({python}) carries no {arch} code\n"
-                   f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
-                   f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}")
+        message = (
+            f"torch {torch['version']} ({python}) carries no {arch} code\n"
+            f"  expected: {arch} (or PTX at or below it) in torch's arch list\n"
+            f"  actual:   {' '.join(torch['arch_list']) or '(empty)'}"
+        )
         if not check_only:
             raise EnvironmentProblem(message + "\n" + TORCH_HINT)
-        reasons.append(f"torch {torch['version']} carries no {arch} code (arch list: "
-                       f"{' '.join(torch['arch_list']) or 'empty'})")
+        reasons.append(
+            f"torch {torch['version']} carries no {arch} code (arch list: {' '.join(torch['arch_list']) or 'empty'})"
+        )
     # Recorded as given (a venv's bin/python), not as the interpreter it resolves to.
     return {**torch, "python": str(python)}, reasons
 
@@ -184,6 +225,7 @@ def torch_for_build(python: str, arch: str, check_only: bool = False) -> tuple[d
 @dataclass
 class Plan:
     """Everything the ninja file and the manifest say about one build."""
+
     compiler: toolchain.Compiler
     cxx: list[str]
     cxx_flags: list[str]
@@ -198,8 +240,16 @@ class Plan:
     check_only: dict | None = None
 
 
-def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compiler_choice: str,
-         pins: Toolchain, python: str = sys.executable, check_only: bool = False) -> Plan:
+def plan(
+    desc: BuildDescription,
+    arch: str,
+    tree: Path,
+    build_dir: Path,
+    compiler_choice: str,
+    pins: Toolchain,
+    python: str = sys.executable,
+    check_only: bool = False,
+) -> Plan:
     torch, reasons = torch_for_build(python, arch, check_only)
     if toolchain.find_ninja() is None:
         raise EnvironmentProblem(f"ninja: not found\n  install: {toolchain.PIP_BUILD}")
@@ -207,12 +257,20 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     cuda = pins.cuda if comp.kind == "clang" else comp.version
     other_cuda = cuda.split(".")[0] != str(torch["cuda"]).split(".")[0]
     if other_cuda and not check_only:
-        raise EnvironmentProblem(mismatch("CUDA major version", f"torch {torch['version']} ({python})",
-                                          f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
-                                          torch["cuda"]) + "\n  (the extension and torch must share libcudart)")
+        raise EnvironmentProblem(
+            mismatch(
+                "CUDA major version",
+                f"torch {torch['version']} ({python})",
+                f"{cuda.split('.')[0]}.x (the {comp.kind} route builds with CUDA {cuda})",
+                torch["cuda"],
+            )
+            + "\n  (the extension and torch must share libcudart)"
+        )
     if other_cuda:
-        reasons.append(f"torch {torch['version']} uses CUDA {torch['cuda']}, the build CUDA {cuda} "
-                       f"(libcudart.so.{cuda.split('.')[0]})")
+        reasons.append(
+            f"torch {torch['version']} uses CUDA {torch['cuda']}, the build CUDA {cuda} "
+            f"(libcudart.so.{cuda.split('.')[0]})"
+        )
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
@@ -236,8 +294,17 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
         cuda_home = comp.path.parent.parent
         cxx = [*launcher, str(host)]
         cxx_flags = [*common, "-isystem", str(cuda_home / "include")]
-        cuda_flags = [f"-std={CXX_STANDARD}", "-O3", "-Xcompiler", "-fPIC", *(f"-Xcompiler={m}" for m in maps),
-                      *flags, *includes, *nvcc_cuda_flags(arch), f"-ccbin={host}"]
+        cuda_flags = [
+            f"-std={CXX_STANDARD}",
+            "-O3",
+            "-Xcompiler",
+            "-fPIC",
+            *(f"-Xcompiler={m}" for m in maps),
+            *flags,
+            *includes,
+            *nvcc_cuda_flags(arch),
+            f"-ccbin={host}",
+        ]
         link = [str(host)]
         link_flags = ["-shared", *libs, f"-L{cuda_home / 'lib64'}", "-lcudart"]
         ptxas = comp.path.parent / "ptxas"
@@ -246,8 +313,7 @@ def plan(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, compile
     if check_only and reasons:
         # The CUDA runtime the extension links, loaded by verify before it (torch brings another).
         check = {"why": reasons, "preload": [str(cudart.resolve())] if other_cuda else []}
-    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags,
-                ptxas, torch, check)
+    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags, ptxas, torch, check)
 
 
 def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
@@ -256,19 +322,27 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     lines = [
         "# generated by fa2patch build; do not edit",
         f"builddir = {_ninja_path(build_dir)}",
-        f"cxx = {_q(p.cxx)}", f"cxx_flags = {_q(p.cxx_flags)}",
-        f"cuda = {_q(p.cuda)}", f"cuda_flags = {_q(p.cuda_flags)}",
-        f"link = {_q(p.link)}", f"link_flags = {_q(p.link_flags)}",
+        f"cxx = {_q(p.cxx)}",
+        f"cxx_flags = {_q(p.cxx_flags)}",
+        f"cuda = {_q(p.cuda)}",
+        f"cuda_flags = {_q(p.cuda_flags)}",
+        f"link = {_q(p.link)}",
+        f"link_flags = {_q(p.link_flags)}",
         "rule cxx",
         "  command = $cxx $cxx_flags -MD -MF $out.d -c $in -o $out",
-        "  depfile = $out.d", "  deps = gcc", "  description = CXX $in",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "  description = CXX $in",
         # Keep ptxas -v output (registers, spills per kernel) beside each object.
         "rule cuda",
         "  command = sh -c '$cuda $cuda_flags -MD -MF $out.d -c $in -o $out 2> $out.log; "
         "s=$$?; cat $out.log >&2; exit $$s'",
-        "  depfile = $out.d", "  deps = gcc", "  description = CUDA $in",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "  description = CUDA $in",
         "rule link",
-        "  command = $link $in -o $out $link_flags", "  description = LINK $out",
+        "  command = $link $in -o $out $link_flags",
+        "  description = LINK $out",
     ]
     objects = []
     for rule, sources in (("cxx", desc.host_sources), ("cuda", spec.cuda_sources)):
@@ -294,8 +368,7 @@ def ptxas_kernels(build_dir: Path, cuda_sources: list[str]) -> list[dict]:
     for src in cuda_sources:
         log = Path(f"{object_path(build_dir, src)}.log")
         if not log.is_file():
-            raise BuildFailed(f"{log}: the ptxas -v output of {src} is missing (remove {build_dir} and "
-                              "build again)")
+            raise BuildFailed(f"{log}: the ptxas -v output of {src} is missing (remove {build_dir} and build again)")
         entries.update(sass.parse_ptxas_log(log.read_text(errors="replace")))
     return [asdict(e) for e in entries.values() if e.entry]
 
@@ -304,9 +377,18 @@ def _ninja_path(p: Path) -> str:
     return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
-def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choice: str = "auto",
-          jobs: int | None = None, expected_digest: str | None = None, echo=print,
-          python: str = sys.executable, check_only: bool = False) -> dict:
+def build(
+    tree: Path,
+    arch: str,
+    build_dir: Path,
+    pins: Toolchain,
+    compiler_choice: str = "auto",
+    jobs: int | None = None,
+    expected_digest: str | None = None,
+    echo=print,
+    python: str = sys.executable,
+    check_only: bool = False,
+) -> dict:
     """Compile the extension against the torch of ``python``; return the manifest. The
     compiler's and ninja's output go to stderr (stdout stays free for the command's result).
     ``check_only``: accept a torch that cannot run the result (recorded; `package` refuses it)."""
@@ -320,16 +402,19 @@ def build(tree: Path, arch: str, build_dir: Path, pins: Toolchain, compiler_choi
     clear_manifest(build_dir)
     p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python, check_only)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
-    echo(f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
-         f"{p.torch['version']}, {CXX_STANDARD} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} "
-         "CUDA sources)")
+    echo(
+        f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
+        f"{p.torch['version']}, {CXX_STANDARD} ({len(desc.host_sources)} host, {len(spec.cuda_sources)} "
+        "CUDA sources)"
+    )
     if p.check_only:
         echo("check-only build (--allow-torch-without-sm70), not for packaging: " + "; ".join(p.check_only["why"]))
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
     proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
-        raise BuildFailed(f"{ninja_file}: ninja failed with exit code {proc.returncode} "
-                          "(the compiler's message is above)")
+        raise BuildFailed(
+            f"{ninja_file}: ninja failed with exit code {proc.returncode} (the compiler's message is above)"
+        )
     artifact = build_dir / (desc.name + ARTIFACT_SUFFIX)
     manifest = _manifest(desc, arch, tree, build_dir, p, artifact, expected_digest)
     manifest["wall_seconds"] = round(time.monotonic() - start, 1)
@@ -346,15 +431,12 @@ def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_dig
         "extension": desc.name,
         "arch": arch,
         "lab": spec.lab,
-        "compiler": {"kind": p.compiler.kind, "path": str(p.compiler.path),
-                     "version": p.compiler.version},
+        "compiler": {"kind": p.compiler.kind, "path": str(p.compiler.path), "version": p.compiler.version},
         "cxx_standard": CXX_STANDARD,
         "ptxas_version": toolchain.ptxas_version(p.ptxas) if p.ptxas and p.ptxas.exists() else "",
-        "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags,
-                     "link": p.link + p.link_flags},
+        "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags, "link": p.link + p.link_flags},
         # The torch this build is for: verify loads it with that interpreter, package records it.
-        "torch": {k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python",
-                                           "python_version")},
+        "torch": {k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python", "python_version")},
         # Not None: this torch cannot run the build (why), built only to check it; package refuses it.
         "check_only": p.check_only,
         "source_tree_digest": digest,

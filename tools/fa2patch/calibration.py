@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Fitting the V100 model to published measurements of open SM70 kernels (data/anchors.toml).
 
 Two parameters (v100model.Calibration), fitted by least squares on log(measured / estimate) over
@@ -19,8 +20,18 @@ do not overlap.
 
 import math
 
-from .v100model import (Calibration, Card, KernelLaunch, fa2_grid_iterations, gemm_launch, load_data, load_v100,
-                        mix_from_data, peak_tflops, route_timer)
+from .v100model import (
+    Calibration,
+    Card,
+    KernelLaunch,
+    fa2_grid_iterations,
+    gemm_launch,
+    load_data,
+    load_v100,
+    mix_from_data,
+    peak_tflops,
+    route_timer,
+)
 
 
 def anchor_card(anchor: dict) -> Card:
@@ -32,10 +43,16 @@ def kernel_code(kernel: dict) -> dict:
     global-load rounds each CTA waits for before its first iteration (0 where the code outside
     the loop was timed from the SASS: its loads are in it)."""
     if "outside" in kernel:
-        return {"loop": mix_from_data(kernel["loop"]), "epilogue": mix_from_data(kernel["outside"]),
-                "prologue_load_rounds": 0}
-    return {"loop": mix_from_data(kernel["loop"]), "epilogue": mix_from_data(kernel.get("epilogue", {})),
-            "prologue_load_rounds": kernel.get("prologue_load_rounds", 1)}
+        return {
+            "loop": mix_from_data(kernel["loop"]),
+            "epilogue": mix_from_data(kernel["outside"]),
+            "prologue_load_rounds": 0,
+        }
+    return {
+        "loop": mix_from_data(kernel["loop"]),
+        "epilogue": mix_from_data(kernel.get("epilogue", {})),
+        "prologue_load_rounds": kernel.get("prologue_load_rounds", 1),
+    }
 
 
 def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
@@ -43,11 +60,22 @@ def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
     work = anchor["workload"]
     if work["kind"] == "fa2-forward":
         kernel = kernels[anchor["kernel"]]
-        its = fa2_grid_iterations(work["q"], work["kv"], work["causal"], kernel["rows_per_cta"],
-                                  kernel["keys_per_iteration"], work["hq"])
+        its = fa2_grid_iterations(
+            work["q"], work["kv"], work["causal"], kernel["rows_per_cta"], kernel["keys_per_iteration"], work["hq"]
+        )
         code = kernel_code(kernel)
-        return [KernelLaunch(anchor["kernel"], code["loop"], tuple(its), kernel["warps"], kernel["ctas_per_sm"],
-                             code["epilogue"], code["prologue_load_rounds"], fused=True)]
+        return [
+            KernelLaunch(
+                anchor["kernel"],
+                code["loop"],
+                tuple(its),
+                kernel["warps"],
+                kernel["ctas_per_sm"],
+                code["epilogue"],
+                code["prologue_load_rounds"],
+                fused=True,
+            )
+        ]
     if work["kind"] == "kv-blocked-gemms":
         qk, pv = kernels[work["qk_kernel"]], kernels[work["pv_kernel"]]
         qk_code, pv_code = kernel_code(qk), kernel_code(pv)
@@ -57,11 +85,32 @@ def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
         for start in range(0, prefix, work["block_keys"]):
             n = min(work["block_keys"], prefix - start)
             scores = rows * n * 2
-            launches.append(gemm_launch(work["qk_kernel"], qk_code["loop"], qk, rows, n, d,
-                                        scores + rows * d * 2 + n * d * 2, qk_code["epilogue"],
-                                        qk_code["prologue_load_rounds"]))
-            launches.append(gemm_launch(work["pv_kernel"], pv_code["loop"], pv, rows, d, n, scores + n * d * 2,
-                                        pv_code["epilogue"], pv_code["prologue_load_rounds"]))
+            launches.append(
+                gemm_launch(
+                    work["qk_kernel"],
+                    qk_code["loop"],
+                    qk,
+                    rows,
+                    n,
+                    d,
+                    scores + rows * d * 2 + n * d * 2,
+                    qk_code["epilogue"],
+                    qk_code["prologue_load_rounds"],
+                )
+            )
+            launches.append(
+                gemm_launch(
+                    work["pv_kernel"],
+                    pv_code["loop"],
+                    pv,
+                    rows,
+                    d,
+                    n,
+                    scores + n * d * 2,
+                    pv_code["epilogue"],
+                    pv_code["prologue_load_rounds"],
+                )
+            )
         return launches
     raise ValueError(f"anchor {anchor['name']}: unknown workload kind {work['kind']!r}")
 
@@ -82,9 +131,11 @@ def anchor_timer(anchor: dict, kernels: dict, v100: dict):
     card = anchor_card(anchor)
     work = anchor["workload"]
     if work["kind"] == "tensor-peak":
+
         def rate(cal: Calibration) -> float:
             duty = 1.0 / cal.cycle_factor
             return peak_tflops(card, card.clock_at(duty, v100), v100) * duty
+
         return rate
     if work["kind"] == "route":
         return route_timer(work["launches"], card, v100, work["clock_mhz"])
@@ -102,11 +153,12 @@ def log_error(anchor: dict, value: float) -> float:
     return math.log(value / real) if unit == "TFLOP/s" else math.log(real / value)
 
 
-START = (0.0, 1.0)      # log cycle_factor, cta_cycles / 10^4
+START = (0.0, 1.0)  # log cycle_factor, cta_cycles / 10^4
 
 
-def fit(anchors: list[dict], kernels: dict, v100: dict, timers: list | None = None,
-        start: tuple[float, float] = START) -> Calibration:
+def fit(
+    anchors: list[dict], kernels: dict, v100: dict, timers: list | None = None, start: tuple[float, float] = START
+) -> Calibration:
     """Least squares of log(measured / estimate) over ``anchors`` (Nelder-Mead on log
     cycle_factor and cta_cycles / 10^4, cta_cycles >= 0, from ``start``). ``timers``: the
     anchors' ``anchor_timer``s, where already made."""
@@ -170,31 +222,46 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dic
     anchors = list(data["anchor"]) + list(user)
     timers = [anchor_timer(a, kernels, v100) for a in anchors]
     start = START
-    if user:    # the published anchors' fit: a start near the answer (fewer steps for every fit)
-        published = fit(anchors[:len(data["anchor"])], kernels, v100, timers[:len(data["anchor"])])
+    if user:  # the published anchors' fit: a start near the answer (fewer steps for every fit)
+        published = fit(anchors[: len(data["anchor"])], kernels, v100, timers[: len(data["anchor"])])
         start = (math.log(published.cycle_factor), published.cta_cycles / 1e4)
     cal = fit(anchors, kernels, v100, timers, start)
     rows = []
     for i, a in enumerate(anchors):
         real, unit = measured(a)
         timer = timers[i]
-        loo = fit(anchors[:i] + anchors[i + 1:], kernels, v100, timers[:i] + timers[i + 1:], start)
-        rows.append({"name": a["name"], "kind": a.get("kind", "published"), "source": a["source"], "unit": unit,
-                     "measured": real, "card": a["card"], "model": timer(Calibration()), "calibrated": timer(cal),
-                     "residual": math.expm1(log_error(a, timer(cal))),
-                     "loo_residual": math.expm1(log_error(a, timer(loo))),
-                     "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
-                     "outlier": a.get("outlier"), **{k: a[k] for k in USER_FIELDS if k in a}})
+        loo = fit(anchors[:i] + anchors[i + 1 :], kernels, v100, timers[:i] + timers[i + 1 :], start)
+        rows.append(
+            {
+                "name": a["name"],
+                "kind": a.get("kind", "published"),
+                "source": a["source"],
+                "unit": unit,
+                "measured": real,
+                "card": a["card"],
+                "model": timer(Calibration()),
+                "calibrated": timer(cal),
+                "residual": math.expm1(log_error(a, timer(cal))),
+                "loo_residual": math.expm1(log_error(a, timer(loo))),
+                "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
+                "outlier": a.get("outlier"),
+                **{k: a[k] for k in USER_FIELDS if k in a},
+            }
+        )
     loo = [r["loo_residual"] for r in rows]
     targets = data.get("targets", {"residual": 0.10, "loo": 0.15})
     held = [r for r in rows if not r["outlier"] and r["kind"] == "published"]
-    out = {"parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
-           "anchors": rows, "targets": targets,
-           "residual_range": [min(r["residual"] for r in rows), max(r["residual"] for r in rows)],
-           "loo_range": [min(loo), max(loo)],
-           "within_targets": all(abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"]
-                                 for r in held),
-           "range_rule": "point x (1 + smallest) .. (1 + largest) leave-one-out residual of the anchors"}
+    out = {
+        "parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
+        "anchors": rows,
+        "targets": targets,
+        "residual_range": [min(r["residual"] for r in rows), max(r["residual"] for r in rows)],
+        "loo_range": [min(loo), max(loo)],
+        "within_targets": all(
+            abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"] for r in held
+        ),
+        "range_rule": "point x (1 + smallest) .. (1 + largest) leave-one-out residual of the anchors",
+    }
     if key is None:
         _CACHE[None] = out
     return out
@@ -206,8 +273,11 @@ USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "
 def with_range(ms: float, calibration: dict) -> dict:
     """An estimate with its range (``calibrate``'s range rule); the range always holds the point."""
     lo, hi = calibration["loo_range"]
-    return {"calibrated_ms": ms, "calibrated_ms_low": ms * min(1.0, 1.0 + lo),
-            "calibrated_ms_high": ms * max(1.0, 1.0 + hi)}
+    return {
+        "calibrated_ms": ms,
+        "calibrated_ms_low": ms * min(1.0, 1.0 + lo),
+        "calibrated_ms_high": ms * max(1.0, 1.0 + hi),
+    }
 
 
 def separated(a: dict, b: dict) -> bool:
@@ -223,15 +293,17 @@ def faster_if_separated(a: dict, b: dict) -> str:
 
 
 def range_text(point: float, low: float, high: float, digits: int = 3) -> str:
-    """"3.12 (2.78-3.45)": a point with its range."""
+    """ "3.12 (2.78-3.45)": a point with its range."""
     return f"{point:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def header_text(calibration: dict) -> str:
     """One paragraph: the fitted parameters, the anchors' residuals and the range rule."""
     p, (lo, hi), (llo, lhi) = calibration["parameters"], calibration["residual_range"], calibration["loo_range"]
-    return (f"calibrated: the model with cycle factor {p['cycle_factor']:.3f} and {p['cta_cycles']:,.0f} cycles per "
-            f"fused-attention CTA, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
-            f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); range: the point x (1 {llo:+.1%}) .. (1 {lhi:+.1%}), how far "
-            f"off the model was on each anchor it was not fitted to; two routes are separated where their ranges "
-            f"do not overlap.")
+    return (
+        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f} and {p['cta_cycles']:,.0f} cycles per "
+        f"fused-attention CTA, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
+        f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); range: the point x (1 {llo:+.1%}) .. (1 {lhi:+.1%}), how far "
+        f"off the model was on each anchor it was not fitted to; two routes are separated where their ranges "
+        f"do not overlap."
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """check: the lock, patches/, pyproject.toml's pins, the cached archive and the workspace agree."""
 
 import tomllib
@@ -27,14 +28,20 @@ def toolchain_pins(lock: Lock, pyproject: Path) -> Finding:
     try:
         extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["build"]
     except (tomllib.TOMLDecodeError, KeyError) as exc:
-        return Finding("toolchain pins", False, f"{pyproject}: no [project.optional-dependencies] "
-                                                f"build list ({exc!r})")
+        return Finding("toolchain pins", False, f"{pyproject}: no [project.optional-dependencies] build list ({exc!r})")
     pinned = dict(PIN_RE.match(r.replace(" ", "")).groups() for r in extra if PIN_RE.match(r.replace(" ", "")))
     wanted = lock.toolchain.pins()
     if pinned != wanted:
-        return Finding("toolchain pins", False, mismatch(
-            f"pinned packages of the `build` extra and {lock.path.name} [toolchain]", str(pyproject),
-            _pins_text(wanted), _pins_text(pinned)))
+        return Finding(
+            "toolchain pins",
+            False,
+            mismatch(
+                f"pinned packages of the `build` extra and {lock.path.name} [toolchain]",
+                str(pyproject),
+                _pins_text(wanted),
+                _pins_text(pinned),
+            ),
+        )
     return Finding("toolchain pins", True, f"{pyproject}: the `build` extra pins what the lock pins")
 
 
@@ -51,9 +58,15 @@ def check(lock: Lock, patches_dir: Path, workspace: Path, pyproject: Path) -> li
             findings.append(Finding(entry.file, False, f"{path}: listed in the lock but missing"))
             continue
         actual = sha256_file(path)
-        findings.append(Finding(entry.file, actual == entry.sha256,
-                                "sha256 matches the lock" if actual == entry.sha256
-                                else mismatch("sha256", str(path), entry.sha256, actual)))
+        findings.append(
+            Finding(
+                entry.file,
+                actual == entry.sha256,
+                "sha256 matches the lock"
+                if actual == entry.sha256
+                else mismatch("sha256", str(path), entry.sha256, actual),
+            )
+        )
     for extra in sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in listed):
         findings.append(Finding(extra, False, f"{patches_dir / extra}: not listed in {lock.path.name}"))
 
@@ -72,9 +85,13 @@ def check(lock: Lock, patches_dir: Path, workspace: Path, pyproject: Path) -> li
         findings.append(Finding("workspace", True, f"{workspace}: absent (run replay)"))
         return findings
     state = workspace_state(workspace, lock)
-    findings.append(Finding("workspace", state == "matching",
-                            f"{workspace}: clean, made from this lock, tree digest matches"
-                            if state == "matching" else state))
+    findings.append(
+        Finding(
+            "workspace",
+            state == "matching",
+            f"{workspace}: clean, made from this lock, tree digest matches" if state == "matching" else state,
+        )
+    )
     try:
         rendered = render_series(lock, workspace)
     except Fa2PatchError as exc:
@@ -82,12 +99,21 @@ def check(lock: Lock, patches_dir: Path, workspace: Path, pyproject: Path) -> li
         return findings
     names = [name for name, _, _ in rendered]
     if names != [e.file for e in lock.patches]:
-        findings.append(Finding("workspace series", False, mismatch(
-            "patch list", str(workspace), [e.file for e in lock.patches], names)))
+        findings.append(
+            Finding(
+                "workspace series", False, mismatch("patch list", str(workspace), [e.file for e in lock.patches], names)
+            )
+        )
     for (name, data, _), entry in zip(rendered, lock.patches):
         path = patches_dir / entry.file
         same = path.is_file() and path.read_bytes() == data
-        findings.append(Finding(f"export {name}", same,
-                                "workspace commit exports to the same bytes" if same else
-                                f"{path}: differs from what the workspace exports (run export)"))
+        findings.append(
+            Finding(
+                f"export {name}",
+                same,
+                "workspace commit exports to the same bytes"
+                if same
+                else f"{path}: differs from what the workspace exports (run export)",
+            )
+        )
     return findings

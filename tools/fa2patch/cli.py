@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The `fa2patch` command line. Exit codes: 0 ok, 1 a check or build step failed,
 2 usage or environment error, 3 nothing to launch on this machine (see README.md).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch doctor`, `build`, `verify`, `package` and `smoke`: the toolchain, the extension and what
 ships."""
 
@@ -13,10 +14,16 @@ from .tables import table
 
 
 @cli.command()
-@click.option("--vllm", "vllm_python", type=click.Path(dir_okay=False, exists=True), default=None,
-              metavar="PYTHON", help="instead: check that interpreter's environment for the vLLM path (vLLM and "
-                                     "the torch it pins, their sm_70 code, nvcc, the fa2patch plugin) and print "
-                                     "the next command or why it cannot work (exit 1 unless ready)")
+@click.option(
+    "--vllm",
+    "vllm_python",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    metavar="PYTHON",
+    help="instead: check that interpreter's environment for the vLLM path (vLLM and "
+    "the torch it pins, their sm_70 code, nvcc, the fa2patch plugin) and print "
+    "the next command or why it cannot work (exit 1 unless ready)",
+)
 @json_option
 @pass_ctx
 def doctor(ctx, vllm_python, as_json):
@@ -33,23 +40,37 @@ def doctor(ctx, vllm_python, as_json):
     result = {"ok": not missing, "missing": missing, "items": [asdict(i) for i in items]}
 
     def text():
-        return table([[i.name, "ok" if i.found else ("MISSING" if i.required else "missing, optional"),
-                        i.required_for, i.detail + ("" if i.found else f"\ninstall: {i.install}")]
-                       for i in items], ["component", "status", "needed for", "detail"])
+        return table(
+            [
+                [
+                    i.name,
+                    "ok" if i.found else ("MISSING" if i.required else "missing, optional"),
+                    i.required_for,
+                    i.detail + ("" if i.found else f"\ninstall: {i.install}"),
+                ]
+                for i in items
+            ],
+            ["component", "status", "needed for", "detail"],
+        )
 
     finish(as_json, result, text)
     return 0 if result["ok"] else EXIT_USAGE
 
 
 def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
-    from .vllm_sdist import vllm_release
     from .vllm_doctor import diagnose
+    from .vllm_sdist import vllm_release
 
     result = diagnose(python, ctx.project.root, vllm_release(ctx.project))
 
     def text():
-        lines = [table([[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]]
-                         for c in result["checks"]], ["check", "status", "detail"]), ""]
+        lines = [
+            table(
+                [[c["name"], {True: "ok", False: "NO", None: "-"}[c["ok"]], c["detail"]] for c in result["checks"]],
+                ["check", "status", "detail"],
+            ),
+            "",
+        ]
         if result["verdict"] == "ready":
             lines.append("ready: " + result["ready"])
         elif result["verdict"] == "next":
@@ -60,15 +81,25 @@ def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
 
     return finish(as_json, result, text)
 
+
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
-@click.option("--cuda-compiler", type=click.Choice(["auto", "nvcc", "clang"]), default="auto",
-              show_default=True, help="auto: nvcc if it can target --arch, else clang-22 + wheels")
+@click.option(
+    "--cuda-compiler",
+    type=click.Choice(["auto", "nvcc", "clang"]),
+    default="auto",
+    show_default=True,
+    help="auto: nvcc if it can target --arch, else clang-22 + wheels",
+)
 @click.option("-j", "--jobs", type=click.IntRange(min=1), help="parallel compile jobs [default: CPUs]")
-@click.option("--allow-torch-without-sm70", "check_only", is_flag=True,
-              help="build and verify against a torch that cannot run the result (no code for --arch, or "
-                   "another CUDA major, e.g. the package index's torch 2.14.0+cu130): a check that the sources "
-                   "build and load with it; recorded in the manifest, and `package` refuses the build")
+@click.option(
+    "--allow-torch-without-sm70",
+    "check_only",
+    is_flag=True,
+    help="build and verify against a torch that cannot run the result (no code for --arch, or "
+    "another CUDA major, e.g. the package index's torch 2.14.0+cu130): a check that the sources "
+    "build and load with it; recorded in the manifest, and `package` refuses the build",
+)
 @python_option
 @workspace_option
 @json_option
@@ -83,23 +114,45 @@ def build(ctx, arch, cuda_compiler, jobs, check_only, python, workspace, as_json
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
-    manifest = do_build(ws, arch, out, lock.toolchain, cuda_compiler, jobs, expected_digest=lock.final_digest(),
-                        echo=lambda m: click.echo(m, err=as_json), python=python or sys.executable,
-                        check_only=check_only)
+    manifest = do_build(
+        ws,
+        arch,
+        out,
+        lock.toolchain,
+        cuda_compiler,
+        jobs,
+        expected_digest=lock.final_digest(),
+        echo=lambda m: click.echo(m, err=as_json),
+        python=python or sys.executable,
+        check_only=check_only,
+    )
     if manifest["source_matches_lock"] is False:
-        click.echo("warning: the workspace tree differs from the lock (uncommitted or unexported "
-                   "work); this build is not the locked series", err=True)
-    return finish(as_json, {"ok": True, "build_dir": str(out), "manifest": manifest},
-                   lambda: f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
-                           f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s"
-                           + (" (check-only: not for packaging)" if manifest["check_only"] else ""))
+        click.echo(
+            "warning: the workspace tree differs from the lock (uncommitted or unexported "
+            "work); this build is not the locked series",
+            err=True,
+        )
+    return finish(
+        as_json,
+        {"ok": True, "build_dir": str(out), "manifest": manifest},
+        lambda: (
+            f"{out / manifest['artifact']['file']}: sha256 {manifest['artifact']['sha256']}, "
+            f"{len(manifest['ptxas_kernels'])} kernel(s), {manifest['wall_seconds']} s"
+            + (" (check-only: not for packaging)" if manifest["check_only"] else "")
+        ),
+    )
+
 
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
-@click.option("--artifact", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="verify this extension instead of build/<arch> (one built without fa2patch build, "
-                   "e.g. by the --vllm-src CMake); its tensor-core kernels come from --workspace's "
-                   "fa2patch-build.toml, spills from its stack frames")
+@click.option(
+    "--artifact",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="verify this extension instead of build/<arch> (one built without fa2patch build, "
+    "e.g. by the --vllm-src CMake); its tensor-core kernels come from --workspace's "
+    "fa2patch-build.toml, spills from its stack frames",
+)
 @python_option
 @workspace_option
 @json_option
@@ -113,30 +166,65 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
 
     p = ctx.project
     if artifact is None:
-        manifest, rows = v.verify(p.build_dir(arch), p.schemas_path, p.budgets_path, python,
-                                  (p.root, ctx.workspace(workspace)))
+        manifest, rows = v.verify(
+            p.build_dir(arch), p.schemas_path, p.budgets_path, python, (p.root, ctx.workspace(workspace))
+        )
     else:
         tree = ctx.workspace(workspace)
         manifest = artifact_manifest(artifact.resolve(), tree, arch)
         python = python or sys.executable
-        rows = v.verify_artifact(artifact.resolve(), manifest, p.schemas_path, p.budgets_path, python,
-                                 v.machine_folders(p.root, tree, artifact.resolve().parent, python=python))
+        rows = v.verify_artifact(
+            artifact.resolve(),
+            manifest,
+            p.schemas_path,
+            p.budgets_path,
+            python,
+            v.machine_folders(p.root, tree, artifact.resolve().parent, python=python),
+        )
 
     def text():
-        lines = [table([[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows
-                         if r.kind in ("link", "schema")], ["check", "status", "detail"]), ""]
+        lines = [
+            table(
+                [[r.name, "ok" if r.ok else "FAIL", r.detail] for r in rows if r.kind in ("link", "schema")],
+                ["check", "status", "detail"],
+            ),
+            "",
+        ]
         kernels = [r for r in rows if r.kind == "kernel"]
         if kernels:
-            lines.append(table([[r.name[:90], _n(r, "registers"), _n(r, "spill_bytes"), _n(r, "stack"),
-                                  _n(r, "shared"), _n(r, "hmma"), _n(r, "traps"),
-                                  "ok" if r.ok else "FAIL", r.detail] for r in kernels],
-                                ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"]))
+            lines.append(
+                table(
+                    [
+                        [
+                            r.name[:90],
+                            _n(r, "registers"),
+                            _n(r, "spill_bytes"),
+                            _n(r, "stack"),
+                            _n(r, "shared"),
+                            _n(r, "hmma"),
+                            _n(r, "traps"),
+                            "ok" if r.ok else "FAIL",
+                            r.detail,
+                        ]
+                        for r in kernels
+                    ],
+                    ["kernel", "regs", "spill", "stack", "smem", "HMMA", "trap", "status", "detail"],
+                )
+            )
         else:
             lines.append(f"{arch}: this build contains no device kernels")
         return "\n".join(lines)
 
-    return finish(as_json, {"ok": all(r.ok for r in rows), "arch": arch, "artifact": manifest["artifact"],
-                             "rows": [asdict(r) for r in rows]}, text)
+    return finish(
+        as_json,
+        {
+            "ok": all(r.ok for r in rows),
+            "arch": arch,
+            "artifact": manifest["artifact"],
+            "rows": [asdict(r) for r in rows],
+        },
+        text,
+    )
 
 
 def _n(row, key):
@@ -146,11 +234,20 @@ def _n(row, key):
 
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help=ARCH_HELP)
-@click.option("--vllm-src", "vllm_src", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="instead of the wheel: write the source tree for a vLLM source build here "
-                   "(VLLM_FLASH_ATTN_SRC_DIR), plus a plugin-only wheel")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="folder for the wheel [default: <project>/dist]")
+@click.option(
+    "--vllm-src",
+    "vllm_src",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="instead of the wheel: write the source tree for a vLLM source build here "
+    "(VLLM_FLASH_ATTN_SRC_DIR), plus a plugin-only wheel",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="folder for the wheel [default: <project>/dist]",
+)
 @click.option("--force", is_flag=True, help="replace a non-empty --vllm-src folder")
 @workspace_option
 @json_option
@@ -167,18 +264,23 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
         from .verify import verify as do_verify
 
         pk.packageable(p, arch)  # a lab or check-only build is refused before anything runs
-        _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None,
-                            (p.root, ctx.workspace(workspace)))
+        _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None, (p.root, ctx.workspace(workspace)))
         result = {"wheel": str(pk.wheel(p, arch, out, rows))}
     else:
         result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock(), force)
         result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
     if result.get("source_matches_lock") is False:
-        click.echo("warning: the workspace tree differs from the lock (unexported work); this source "
-                   "tree is not the locked series", err=True)
-    return finish(as_json, {"ok": True, **result},
-                   lambda: "\n".join(f"{k.replace('_', '-')}: {result[k]}" for k in ("vllm_src", "wheel")
-                                      if k in result))
+        click.echo(
+            "warning: the workspace tree differs from the lock (unexported work); this source "
+            "tree is not the locked series",
+            err=True,
+        )
+    return finish(
+        as_json,
+        {"ok": True, **result},
+        lambda: "\n".join(f"{k.replace('_', '-')}: {result[k]}" for k in ("vllm_src", "wheel") if k in result),
+    )
+
 
 @cli.command()
 @click.option("--arch", "archs", multiple=True, help="built architecture(s) to try [default: all built]")
@@ -191,9 +293,22 @@ def smoke(ctx, archs, as_json):
     root = ctx.project.root / "build"
     dirs = [ctx.project.build_dir(a) for a in archs] or sorted(p for p in root.glob("*") if p.is_dir())
     results = do_smoke(dirs)
-    return finish(as_json, {"ok": all(r["ok"] for r in results), "results": results},
-                   lambda: table([[r["arch"], r["route"], "ok" if r["ok"] else "FAIL",
-                                    r.get("detail") or r.get("error") or
-                                    f"{len(r.get('cases', []))} cases, worst max_abs "
-                                    f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}"]
-                                   for r in results], ["arch", "route", "status", "detail"]))
+    return finish(
+        as_json,
+        {"ok": all(r["ok"] for r in results), "results": results},
+        lambda: table(
+            [
+                [
+                    r["arch"],
+                    r["route"],
+                    "ok" if r["ok"] else "FAIL",
+                    r.get("detail")
+                    or r.get("error")
+                    or f"{len(r.get('cases', []))} cases, worst max_abs "
+                    f"{max((c['max_abs'] for c in r.get('cases', [])), default=0):.2e}",
+                ]
+                for r in results
+            ],
+            ["arch", "route", "status", "detail"],
+        ),
+    )

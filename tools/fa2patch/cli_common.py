@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What every `fa2patch` command shares: the click group, the project context, the common
 options, the one way a result is printed (``finish``) and --splits' parsing."""
 
@@ -41,13 +42,22 @@ class Context:
 
 
 pass_ctx = click.make_pass_decorator(Context, ensure=True)
-workspace_option = click.option("--workspace", "workspace", type=click.Path(file_okay=False),
-                                help="the git workspace [default: <project>/work/flash-attn]")
-json_option = click.option("--json", "as_json", is_flag=True,
-                           help="print one JSON object (with an \"ok\" field) on stdout, errors included")
-python_option = click.option("--python", type=click.Path(dir_okay=False, exists=True), default=None,
-                              help="the Python interpreter whose torch to build against / load with "
-                                   "(e.g. your vLLM venv's bin/python) [default: the one running fa2patch]")
+workspace_option = click.option(
+    "--workspace",
+    "workspace",
+    type=click.Path(file_okay=False),
+    help="the git workspace [default: <project>/work/flash-attn]",
+)
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help='print one JSON object (with an "ok" field) on stdout, errors included'
+)
+python_option = click.option(
+    "--python",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="the Python interpreter whose torch to build against / load with "
+    "(e.g. your vLLM venv's bin/python) [default: the one running fa2patch]",
+)
 
 
 def split_counts(text: str) -> tuple[int, ...]:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch report`, `bench` and `tune`: the V100 model, timings on a GPU and routing profiles."""
 
 import contextlib
@@ -14,28 +15,61 @@ from .errors import Fa2PatchError
 
 @cli.command()
 @click.option("--arch", default="sm_70", show_default=True, help="the built architecture to read")
-@click.option("--launch", "launches", multiple=True, metavar="GLOB=THREADS[:DYN_SMEM]",
-              help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
-                   "[default: the extension's build_info()]")
-@click.option("--shapes", default=None, metavar="SPEC",
-              help=f"also estimate the {routes.EXACT} route's time and TFLOP/s on V100 for these shapes "
-                   "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,b=batch]; a:b:step sweeps; "
-                   "';' separates groups) [default: no prediction]")
-@click.option("--sms", type=click.Choice(["80", "72"]), default="80", show_default=True,
-              help="the V100's SM count: 80 (V100-SXM2) or 72 (the GV100 of the published anchors)")
-@click.option("--clock", "clock_mhz", type=click.FloatRange(min=100, max=2000), default=1530.0, show_default=True,
-              help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
-                   "of it and the sustained clock under tensor load")
-@click.option("--splits", default="2,3,4", show_default=True,
-              help=f"with --shapes, also the exact route with split-KV ({routes.SPLITKV}) at each of these split "
-                   "counts on prefill shapes (q >= 2); empty: none")
-@click.option("--anchors", "anchor_files", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="a bench JSON file from a V100 (`fa2patch bench --json-file`): its cases join the calibration "
-                   "as anchors at their measured clocks; repeat for more files")
-@click.option("--peer", type=click.Choice(["vllm-triton"]), default=None,
-              help="with --shapes, also the model's time of what a V100 runs without fa2patch: vLLM 0.33's "
-                   "TRITON_ATTN kernels, from their recorded sm_70 SASS (no tensor cores; "
-                   "docs/peer-vllm-triton.md)")
+@click.option(
+    "--launch",
+    "launches",
+    multiple=True,
+    metavar="GLOB=THREADS[:DYN_SMEM]",
+    help="launch configuration of kernels whose demangled name matches GLOB, for occupancy "
+    "[default: the extension's build_info()]",
+)
+@click.option(
+    "--shapes",
+    default=None,
+    metavar="SPEC",
+    help=f"also estimate the {routes.EXACT} route's time and TFLOP/s on V100 for these shapes "
+    "(bench's syntax: q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,b=batch]; a:b:step sweeps; "
+    "';' separates groups) [default: no prediction]",
+)
+@click.option(
+    "--sms",
+    type=click.Choice(["80", "72"]),
+    default="80",
+    show_default=True,
+    help="the V100's SM count: 80 (V100-SXM2) or 72 (the GV100 of the published anchors)",
+)
+@click.option(
+    "--clock",
+    "clock_mhz",
+    type=click.FloatRange(min=100, max=2000),
+    default=1530.0,
+    show_default=True,
+    help="the card's boost (or locked) SM clock in MHz: bounds use it, estimates run at the lower "
+    "of it and the sustained clock under tensor load",
+)
+@click.option(
+    "--splits",
+    default="2,3,4",
+    show_default=True,
+    help=f"with --shapes, also the exact route with split-KV ({routes.SPLITKV}) at each of these split "
+    "counts on prefill shapes (q >= 2); empty: none",
+)
+@click.option(
+    "--anchors",
+    "anchor_files",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="a bench JSON file from a V100 (`fa2patch bench --json-file`): its cases join the calibration "
+    "as anchors at their measured clocks; repeat for more files",
+)
+@click.option(
+    "--peer",
+    type=click.Choice(["vllm-triton"]),
+    default=None,
+    help="with --shapes, also the model's time of what a V100 runs without fa2patch: vLLM 0.33's "
+    "TRITON_ATTN kernels, from their recorded sm_70 SASS (no tensor cores; "
+    "docs/peer-vllm-triton.md)",
+)
 @json_option
 @pass_ctx
 def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, peer, as_json):
@@ -43,11 +77,11 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
     their residuals)."""
-    from .shapes import parse_shapes
+    from .extension import load_manifest
     from .report import report as do_report
     from .report_text import render
+    from .shapes import parse_shapes
     from .v100model import Card
-    from .extension import load_manifest
 
     shape_list = parse_shapes(shapes) if shapes is not None else []
     launch = {}
@@ -73,21 +107,38 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
         if peer:
             click.echo("\n" + peer_model.render(result["peer"], result.get("predictions", [])))
 
+
 @cli.command()
 @click.option("--arch", default=None, help="the build to time [default: the one for this GPU]")
-@click.option("--routes", default=None, metavar="A[,B]",
-              help=f"routes to compare [default: {routes.EXACT}, and the first other registered route]")
-@click.option("--shapes", default=None, metavar="SPEC",
-              help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..]; a:b:step sweeps; ';' "
-                   "separates groups [default: Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, "
-                   "D=256, causal, scale 1/16]")
+@click.option(
+    "--routes",
+    default=None,
+    metavar="A[,B]",
+    help=f"routes to compare [default: {routes.EXACT}, and the first other registered route]",
+)
+@click.option(
+    "--shapes",
+    default=None,
+    metavar="SPEC",
+    help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..]; a:b:step sweeps; ';' "
+    "separates groups [default: Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, "
+    "D=256, causal, scale 1/16]",
+)
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--json-file", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-              help="also write the JSON result to this file (one run gives the table and the JSON)")
-@click.option("--markdown-file", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
-              help="also write a Markdown summary (machine, timings, clocks, power, throttling, estimates) "
-                   "to paste into an issue report")
+@click.option(
+    "--json-file",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="also write the JSON result to this file (one run gives the table and the JSON)",
+)
+@click.option(
+    "--markdown-file",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="also write a Markdown summary (machine, timings, clocks, power, throttling, estimates) "
+    "to paste into an issue report",
+)
 @json_option
 @pass_ctx
 def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_json):
@@ -112,12 +163,14 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
         if as_json:
             yield from items
             return
-        with click.progressbar(items, label="bench", file=sys.stderr,
-                               item_show_func=lambda it: it and f"{it[1]} {it[0].label}") as bar:
+        with click.progressbar(
+            items, label="bench", file=sys.stderr, item_show_func=lambda it: it and f"{it[1]} {it[0].label}"
+        ) as bar:
             yield from bar
 
-    result = b.bench(gpu, artifact, sha256_file(manifest_path(build_dir)), route_list, shape_list,
-                     warmup, reps, progress=progress)
+    result = b.bench(
+        gpu, artifact, sha256_file(manifest_path(build_dir)), route_list, shape_list, warmup, reps, progress=progress
+    )
     if result["is_v100"]:
         b.attach_model(result, artifact, arch)
     result = {"ok": all(r.get("contract_ok") for r in result["results"]), **result}
@@ -127,37 +180,102 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
         markdown_file.write_text(b.markdown(result))
     return finish(as_json, result, lambda: b.render(result))
 
+
 @cli.command()
-@click.option("--model-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="the model's Hugging Face config.json (heads, KV heads, head dim; text_config when nested)")
-@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-              help="tensor-parallel size: one rank's heads as vLLM splits them")
-@click.option("--max-num-batched-tokens", "chunk", type=click.IntRange(min=16), default=2048, show_default=True,
-              help="vLLM's chunked-prefill chunk (its `vllm serve` default on GPUs below 70 GiB)")
-@click.option("--max-model-len", type=click.IntRange(min=16), default=None,
-              help="the longest prompt [default: the config's max_position_embeddings]")
-@click.option("--block-size", type=click.IntRange(min=16), default=16, show_default=True,
-              help="vLLM's KV-cache block size (tokens per page; a multiple of 16)")
+@click.option(
+    "--model-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="the model's Hugging Face config.json (heads, KV heads, head dim; text_config when nested)",
+)
+@click.option(
+    "--tp",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="tensor-parallel size: one rank's heads as vLLM splits them",
+)
+@click.option(
+    "--max-num-batched-tokens",
+    "chunk",
+    type=click.IntRange(min=16),
+    default=2048,
+    show_default=True,
+    help="vLLM's chunked-prefill chunk (its `vllm serve` default on GPUs below 70 GiB)",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=16),
+    default=None,
+    help="the longest prompt [default: the config's max_position_embeddings]",
+)
+@click.option(
+    "--block-size",
+    type=click.IntRange(min=16),
+    default=16,
+    show_default=True,
+    help="vLLM's KV-cache block size (tokens per page; a multiple of 16)",
+)
 @click.option("--splits", default="2,3,4", show_default=True, help="split-KV counts to measure (2..16)")
 @click.option("--warmup", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--reps", type=click.IntRange(min=3), default=7, show_default=True,
-              help="timed rounds (one call of each route per round)")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="the profile file [default: routing-profile,device_name=<GPU>,hq=..,hkv=..,d=...json here]")
-@click.option("--artifact", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="the extension to tune (the one vLLM loads: the profile is keyed by its sha256) "
-                   "[default: build/<arch>]; with --check: compare the profile's extension_sha256 with it")
+@click.option(
+    "--reps",
+    type=click.IntRange(min=3),
+    default=7,
+    show_default=True,
+    help="timed rounds (one call of each route per round)",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="the profile file [default: routing-profile,device_name=<GPU>,hq=..,hkv=..,d=...json here]",
+)
+@click.option(
+    "--artifact",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="the extension to tune (the one vLLM loads: the profile is keyed by its sha256) "
+    "[default: build/<arch>]; with --check: compare the profile's extension_sha256 with it",
+)
 @click.option("--arch", default=None, help="the build to tune [default: the one for this GPU]")
-@click.option("--sms", type=click.Choice(["80", "72"]), default="80", show_default=True,
-              help="the V100 SM count of the run-time estimate when this GPU is not a V100")
+@click.option(
+    "--sms",
+    type=click.Choice(["80", "72"]),
+    default="80",
+    show_default=True,
+    help="the V100 SM count of the run-time estimate when this GPU is not a V100",
+)
 @click.option("--estimate-only", is_flag=True, help="print the plan and the run-time estimate; measure nothing")
-@click.option("--check", "check_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="validate this profile file against the format (and --artifact, --this-gpu) instead")
+@click.option(
+    "--check",
+    "check_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="validate this profile file against the format (and --artifact, --this-gpu) instead",
+)
 @click.option("--this-gpu", is_flag=True, help="with --check: also compare the profile's device with this GPU")
 @json_option
 @pass_ctx
-def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup, reps, out, artifact, arch, sms,
-         estimate_only, check_path, this_gpu, as_json):
+def tune(
+    ctx,
+    model_config,
+    tp,
+    chunk,
+    max_model_len,
+    block_size,
+    splits,
+    warmup,
+    reps,
+    out,
+    artifact,
+    arch,
+    sms,
+    estimate_only,
+    check_path,
+    this_gpu,
+    as_json,
+):
     """Measure every route on this GPU over the calls a vLLM deployment makes (heads from
     --model-config and --tp, chunked prefill of --max-num-batched-tokens up to --max-model-len) and
     write a routing profile for FA2PATCH_ROUTING_PROFILE; or --check a profile file."""
@@ -183,7 +301,9 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
     if not has_gpu and not estimate_only:
         from .errors import NothingToLaunch
 
-        raise NothingToLaunch("nothing tuned: torch sees no CUDA GPU on this machine (--estimate-only works without one)")
+        raise NothingToLaunch(
+            "nothing tuned: torch sees no CUDA GPU on this machine (--estimate-only works without one)"
+        )
     arch = arch or (gpu["capability"] if has_gpu else "sm_70")
     if artifact is None and (has_gpu or arch == "sm_70"):
         try:
@@ -198,8 +318,11 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
     card = Card(int(gpu["sms"]), mhz(smi("clocks.max.sm")) or 1530.0) if is_v100 else Card(int(sms), 1530.0)
     est = t.estimate(plan, sm70, card)
     if not is_v100 and est.get("available"):
-        est["note"] += (f". This GPU is {gpu['name']}, not a V100: the estimate is for a V100, not for this run"
-                        if has_gpu else ". The estimate is for a V100")
+        est["note"] += (
+            f". This GPU is {gpu['name']}, not a V100: the estimate is for a V100, not for this run"
+            if has_gpu
+            else ". The estimate is for a V100"
+        )
     head = t.describe_plan(plan, model, tp) + "\n" + t.describe_estimate(est)
     if estimate_only:
         result = {"ok": True, "plan": {**vars(plan), "heads": vars(plan.heads), "points": plan.points}, "estimate": est}
@@ -207,8 +330,11 @@ def tune(ctx, model_config, tp, chunk, max_model_len, block_size, splits, warmup
     if not as_json:
         click.echo(head, err=True)
         if not is_v100:
-            click.echo(f"WARNING: {gpu['name']} is not a V100: the SM70 kernels are forced (FA2PATCH_FORCE_SM70=1) "
-                       "and the timings are not V100 timings", err=True)
+            click.echo(
+                f"WARNING: {gpu['name']} is not a V100: the SM70 kernels are forced (FA2PATCH_FORCE_SM70=1) "
+                "and the timings are not V100 timings",
+                err=True,
+            )
     bar = None if as_json else click.progressbar(length=len(plan.points), label="tune", file=sys.stderr)
     with bar or contextlib.nullcontext():
         result = t.tune(artifact, plan, out, progress=(lambda e: bar.update(1)) if bar else None)
@@ -236,6 +362,11 @@ def _tune_check(path: Path, artifact: Path | None, this_gpu: bool, as_json: bool
         result = {"ok": False, "profile": str(path), "reason": exc.reason, "error": str(exc)}
         return finish(as_json, result, lambda: f"{path}: REFUSED ({exc})")
     checked = ["format"] + (["extension sha256"] if artifact else []) + (["device"] if device else [])
-    result = {"ok": True, "profile": str(path), "checked": checked, "device": doc["device"],
-              "decisions": len(doc["decisions"])}
+    result = {
+        "ok": True,
+        "profile": str(path),
+        "checked": checked,
+        "device": doc["device"],
+        "decisions": len(doc["decisions"]),
+    }
     return finish(as_json, result, lambda: f"{path}: ok ({', '.join(checked)})\n" + pf.summary(doc))

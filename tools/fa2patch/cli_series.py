@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch fetch`, `replay`, `export` and `check`: the locked baseline and the patch series."""
 
 from dataclasses import asdict
@@ -10,8 +11,11 @@ from .tables import table
 
 
 @cli.command()
-@click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
-              help="use this local archive (offline); it is verified and replaces the cached one")
+@click.option(
+    "--sdist",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="use this local archive (offline); it is verified and replaces the cached one",
+)
 @click.option("--index-url", help="package index to use instead of pip's configured ones")
 @click.option("--force", is_flag=True, help="download again even if the cache holds the archive")
 @json_option
@@ -22,14 +26,21 @@ def fetch(ctx, sdist, index_url, force, as_json):
 
     lock = ctx.lock()
     path = do_fetch(lock, sdist=sdist, index_url=index_url, force=force, quiet=as_json)
-    return finish(as_json, {"ok": True, "archive": str(path), "sha256": lock.baseline.sha256},
-                   lambda: f"{path}: sha256 {lock.baseline.sha256} verified")
+    return finish(
+        as_json,
+        {"ok": True, "archive": str(path), "sha256": lock.baseline.sha256},
+        lambda: f"{path}: sha256 {lock.baseline.sha256} verified",
+    )
+
 
 @cli.command()
 @workspace_option
 @click.option("--force", is_flag=True, help="discard a dirty or diverging workspace")
-@click.option("--sdist", type=click.Path(dir_okay=False, path_type=Path),
-              help="use this local archive (offline); it is verified and replaces the cached one")
+@click.option(
+    "--sdist",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="use this local archive (offline); it is verified and replaces the cached one",
+)
 @json_option
 @pass_ctx
 def replay(ctx, workspace, force, sdist, as_json):
@@ -38,13 +49,19 @@ def replay(ctx, workspace, force, sdist, as_json):
     from .replay import replay as do_replay
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
-    outcome = do_replay(lock, ctx.project.patches_dir, ws, force=force, sdist=sdist,
-                        echo=(lambda m: None) if as_json else click.echo)
+    outcome = do_replay(
+        lock, ctx.project.patches_dir, ws, force=force, sdist=sdist, echo=(lambda m: None) if as_json else click.echo
+    )
     commits = [c.hexsha for c in gitws.series_commits(gitws.open_repo(ws))]
-    return finish(as_json, {"ok": True, "workspace": str(ws), "outcome": outcome, "commits": commits,
-                             "tree_digest": lock.final_digest()},
-                   lambda: f"{ws}: {outcome}; {len(commits) - 1} patch(es) on the pristine import; "
-                           f"HEAD {commits[-1][:12]}, tree {lock.final_digest()}")
+    return finish(
+        as_json,
+        {"ok": True, "workspace": str(ws), "outcome": outcome, "commits": commits, "tree_digest": lock.final_digest()},
+        lambda: (
+            f"{ws}: {outcome}; {len(commits) - 1} patch(es) on the pristine import; "
+            f"HEAD {commits[-1][:12]}, tree {lock.final_digest()}"
+        ),
+    )
+
 
 @cli.command()
 @workspace_option
@@ -56,8 +73,12 @@ def export(ctx, workspace, as_json):
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     changed = do_export(lock, ws, ctx.project.patches_dir)
-    return finish(as_json, {"ok": True, "changed": changed, "patches": [asdict(p) for p in lock.patches]},
-                   lambda: f"exported {len(lock.patches)} patch(es); changed: {', '.join(changed) or 'nothing'}")
+    return finish(
+        as_json,
+        {"ok": True, "changed": changed, "patches": [asdict(p) for p in lock.patches]},
+        lambda: f"exported {len(lock.patches)} patch(es); changed: {', '.join(changed) or 'nothing'}",
+    )
+
 
 @cli.command()
 @workspace_option
@@ -67,8 +88,9 @@ def check(ctx, workspace, as_json):
     """Verify that the lock, patches/, pyproject.toml's pins, the cached archive and the workspace agree."""
     from .check import check as do_check
 
-    findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace),
-                        ctx.project.pyproject_path)
-    return finish(as_json, {"ok": all(f.ok for f in findings), "findings": [asdict(f) for f in findings]},
-                   lambda: table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings],
-                                  ["item", "status", "detail"]))
+    findings = do_check(ctx.lock(), ctx.project.patches_dir, ctx.workspace(workspace), ctx.project.pyproject_path)
+    return finish(
+        as_json,
+        {"ok": all(f.ok for f in findings), "findings": [asdict(f) for f in findings]},
+        lambda: table([[f.item, "ok" if f.ok else "FAIL", f.detail] for f in findings], ["item", "status", "detail"]),
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Content digests: sha256 of a file, and the tree digest recorded in baseline.lock.
 
 The tree digest is sha256 over one line per file, sorted by path:
@@ -64,6 +65,5 @@ def git_tree_digest(repo, rev: str) -> str:
             raise ValueError(f"{rev}:{path}: unsupported git object kind {kind}")
         items.append((path, mode, sha))
     # gitpython keeps one `git cat-file --batch` process for all the blobs.
-    entries = [(path, mode, sha256_bytes(repo.odb.stream(bytes.fromhex(sha)).read()))
-               for path, mode, sha in items]
+    entries = [(path, mode, sha256_bytes(repo.odb.stream(bytes.fromhex(sha)).read())) for path, mode, sha in items]
     return _digest_lines(entries)

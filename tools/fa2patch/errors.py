@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Typed failures and the CLI exit codes they map to (documented in README.md)."""
 
 EXIT_CHECK_FAILED = 1  # a verification found a mismatch, a breach or tampering

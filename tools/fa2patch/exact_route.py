@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The exact route's launches (sm70-dense), as the extension runs a call (docs/report-model.md).
 
 - **Unsplit** (``dense_launches``): the forward kernel, grid (query blocks, sequences, heads), CTA m
@@ -20,8 +21,8 @@
 
 import math
 
-from .shapes import Shape
 from .errors import EnvironmentProblem
+from .shapes import Shape
 from .v100model import Card, KernelLaunch, LoopMix, fa2_grid_iterations
 
 COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
@@ -53,7 +54,7 @@ def dense_plan(shape: Shape, geometry: dict, card: Card) -> dict:
     causal = shape.causal and shape.q > 1
     splits = 1
     if swapped:
-        fa2_block_n = 256 if shape.d <= 64 else 128 if shape.d <= 128 else 64   # set_params_splitkv
+        fa2_block_n = 256 if shape.d <= 64 else 128 if shape.d <= 128 else 64  # set_params_splitkv
         splits = fa2_num_splits(shape.b * heads * -(-rows // 64), 2 * card.sms, -(-shape.kv // fa2_block_n))
     return {"rows": rows, "heads": heads, "causal": causal, "splits": splits, "swapped": swapped}
 
@@ -109,9 +110,17 @@ def forward_launch(kernel: dict, iterations: list[int], hbm: float) -> KernelLau
     code outside the loop (timed) once; an FA2-style grid (the fitted cost per fused CTA)."""
     loop = cheapest_hot_loop(kernel)
     outside = kernel.get("outside")
-    return KernelLaunch(kernel["kernel"], LoopMix(**loop["model_mix"]), tuple(iterations), kernel["geometry"]["warps"],
-                        kernel["occupancy"]["blocks_per_sm"], LoopMix(**outside["model_mix"]) if outside else LoopMix(),
-                        0 if outside else 1, hbm_bytes=hbm, fused=True)
+    return KernelLaunch(
+        kernel["kernel"],
+        LoopMix(**loop["model_mix"]),
+        tuple(iterations),
+        kernel["geometry"]["warps"],
+        kernel["occupancy"]["blocks_per_sm"],
+        LoopMix(**outside["model_mix"]) if outside else LoopMix(),
+        0 if outside else 1,
+        hbm_bytes=hbm,
+        fused=True,
+    )
 
 
 def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelLaunch], dict]:
@@ -127,16 +136,20 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
         return [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"])], plan
     if plan["splits"] == 1:
         its = fa2_grid_iterations(plan["rows"], shape.kv, plan["causal"], rows_cta, keys, plan["heads"], shape.b)
-    else:   # non-causal: each split takes ceil(blocks / splits) blocks; blockIdx.z = split * h + head
+    else:  # non-causal: each split takes ceil(blocks / splits) blocks; blockIdx.z = split * h + head
         blocks = -(-shape.kv // keys)
         per = -(-blocks // plan["splits"])
-        its = [max(0, min(blocks, (s + 1) * per) - s * per)
-               for s in range(plan["splits"]) for _ in range(plan["heads"] * shape.b * -(-plan["rows"] // rows_cta))]
+        its = [
+            max(0, min(blocks, (s + 1) * per) - s * per)
+            for s in range(plan["splits"])
+            for _ in range(plan["heads"] * shape.b * -(-plan["rows"] // rows_cta))
+        ]
     partials = plan["splits"] * shape.b * plan["heads"] * plan["rows"] * (shape.d * 4 + 4) if plan["splits"] > 1 else 0
     launches = [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"] + partials)]
     if plan["splits"] > 1:
-        launches.append(KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0,
-                                     hbm_bytes=partials + io["q"]))
+        launches.append(
+            KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=partials + io["q"])
+        )
     return launches, plan
 
 
@@ -150,8 +163,12 @@ def splitkv_launches(shape: Shape, kernel: dict, combine: dict, splits: int) -> 
     partials = splits * io["rows"] * (shape.d * 4 + 4)
     forward = forward_launch(kernel, its, splits * io["q"] + io["kv"] + partials)
     comb = combine_launch(combine, io["rows"], shape.d, partials + io["o"] + io["lse"])
-    return [forward, comb], {"splits": splits, "idle_ctas": idle, "partial_bytes": partials,
-                             "combine_ctas": len(comb.iterations)}
+    return [forward, comb], {
+        "splits": splits,
+        "idle_ctas": idle,
+        "partial_bytes": partials,
+        "combine_ctas": len(comb.iterations),
+    }
 
 
 def combine_launch(combine: dict, rows: int, d: int, hbm: float) -> KernelLaunch:
@@ -162,8 +179,16 @@ def combine_launch(combine: dict, rows: int, d: int, hbm: float) -> KernelLaunch
     warps = combine["threads"] // 32
     ctas = -(-rows // warps)
     trips = -(-d // COMBINE_COLUMNS_PER_TRIP)
-    return KernelLaunch(COMBINE_KERNEL, LoopMix(**combine["loop"]["model_mix"]), (trips,) * ctas, warps,
-                        combine["blocks_per_sm"], LoopMix(**combine["outside"]["model_mix"]), 0, hbm)
+    return KernelLaunch(
+        COMBINE_KERNEL,
+        LoopMix(**combine["loop"]["model_mix"]),
+        (trips,) * ctas,
+        warps,
+        combine["blocks_per_sm"],
+        LoopMix(**combine["outside"]["model_mix"]),
+        0,
+        hbm,
+    )
 
 
 def cheapest_hot_loop(kernel: dict) -> dict:
@@ -173,5 +198,7 @@ def cheapest_hot_loop(kernel: dict) -> dict:
     if not kernel["hot_loops"]:
         raise EnvironmentProblem(f"kernel {kernel['kernel']} has no hot loop (no loop with HMMA)")
     most = max(lp["mix"].get("hmma", 0) for lp in kernel["hot_loops"])
-    return min((lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
-               key=lambda lp: max(*lp["cycles"].values(), lp.get("critical_cycles", 0)))
+    return min(
+        (lp for lp in kernel["hot_loops"] if lp["mix"].get("hmma", 0) == most),
+        key=lambda lp: max(*lp["cycles"].values(), lp.get("critical_cycles", 0)),
+    )

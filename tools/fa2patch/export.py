@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Export: workspace commits -> patches/NNNN-<slug>.patch, and the lock's [[patches]] list.
 
 Deterministic: the same commits always give byte-identical files. A commit that changes
@@ -20,22 +21,26 @@ def render_series(lock: Lock, workspace: Path) -> list[tuple[str, bytes, str]]:
     repo = gitws.open_repo(workspace)
     dirty = gitws.uncommitted_paths(repo)
     if dirty:
-        raise CheckFailed(f"{workspace}: uncommitted changes, commit them first "
-                          f"({len(dirty)} paths, first: {dirty[0].strip()})")
+        raise CheckFailed(
+            f"{workspace}: uncommitted changes, commit them first ({len(dirty)} paths, first: {dirty[0].strip()})"
+        )
     commits = gitws.series_commits(repo)
     pristine = git_tree_digest(repo, commits[0].hexsha)
     if pristine != lock.baseline.tree_digest:
-        raise CheckFailed(mismatch("pristine tree digest", f"{workspace} (root commit)",
-                                   lock.baseline.tree_digest, pristine))
+        raise CheckFailed(
+            mismatch("pristine tree digest", f"{workspace} (root commit)", lock.baseline.tree_digest, pristine)
+        )
     rendered = []
     for i, (parent, commit) in enumerate(zip(commits, commits[1:]), start=1):
         patch = PatchFile.from_commit(commit.message, gitws.diff(repo, parent.hexsha, commit.hexsha))
         if not patch.subject:
             raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} has an empty subject")
         if not patch.diff.strip():
-            raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} ({patch.subject!r}) changes no "
-                              "file: it would export as a patch without a diff, which replay cannot "
-                              "apply; drop it or squash it into a neighbour")
+            raise CheckFailed(
+                f"{workspace}: commit {commit.hexsha[:12]} ({patch.subject!r}) changes no "
+                "file: it would export as a patch without a diff, which replay cannot "
+                "apply; drop it or squash it into a neighbour"
+            )
         data = patch.render().encode("utf-8", "surrogateescape")
         rendered.append((patch_name(i, patch.subject), data, git_tree_digest(repo, commit.hexsha)))
     return rendered

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The built extension as the other commands see it, without compiling anything.
 
 - **The manifest** (``manifest.json`` beside the artifact): ``build`` writes it (``write_manifest``),
@@ -29,6 +30,7 @@ MANIFEST = "manifest.json"
 
 
 # --- the manifest -----------------------------------------------------------------------------------
+
 
 def manifest_path(build_dir: Path) -> Path:
     return Path(build_dir) / MANIFEST
@@ -66,17 +68,24 @@ def manifest_for_artifact(artifact: Path, arch: str, lab: bool, tensor_core_kern
     kernel globs (from the tree's build description), its sha256; no ptxas log."""
     if not artifact.is_file():
         raise EnvironmentProblem(f"{artifact}: no such file")
-    return {"arch": arch, "lab": lab, "tensor_core_kernels": tensor_core_kernels, "ptxas_kernels": None,
-            "artifact": {"file": str(artifact), "sha256": sha256_file(artifact)}}
+    return {
+        "arch": arch,
+        "lab": lab,
+        "tensor_core_kernels": tensor_core_kernels,
+        "ptxas_kernels": None,
+        "artifact": {"file": str(artifact), "sha256": sha256_file(artifact)},
+    }
 
 
 # --- subprocesses and probes --------------------------------------------------------------------------
 
+
 def python_json(code: str, *args, env: dict | None = None, python: str = sys.executable) -> dict:
     """Run ``code`` with ``args`` in a subprocess (``env`` added to this environment); its last
     line of stdout as JSON, or {"error": the end of its stderr} when it fails."""
-    proc = subprocess.run([python, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [python, "-c", code, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()[-3000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -101,8 +110,9 @@ def probe_gpu() -> dict:
 def smi(fields: str) -> str:
     """First GPU's nvidia-smi values (CSV, no units header); empty without nvidia-smi."""
     try:
-        proc = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True
+        )
     except FileNotFoundError:
         return ""
     return (proc.stdout.strip().splitlines() or [""])[0]

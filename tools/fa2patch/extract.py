@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Safe extraction of the baseline archive.
 
 Every member is checked before anything is written: no absolute paths, no ``..``, nothing
@@ -29,7 +30,7 @@ def _checked_relpath(archive: Path, m: tarfile.TarInfo, top_dir: str) -> str | N
     norm = posixpath.normpath(name)
     if norm != top_dir and not norm.startswith(top_dir + "/"):
         raise _unsafe(archive, name, f"outside the top folder {top_dir!r}")
-    return "" if norm == top_dir else norm[len(top_dir) + 1:]
+    return "" if norm == top_dir else norm[len(top_dir) + 1 :]
 
 
 def safe_extract(archive: Path, top_dir: str, dest: Path) -> int:

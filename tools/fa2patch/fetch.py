@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Fetch the pristine baseline archive through the package index pip is configured to use.
 
 The index is found the way pip finds it (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``, pip's
@@ -33,7 +34,7 @@ SIMPLE_ACCEPT = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
 def pip_index_urls() -> list[str]:
     """Index URLs in pip's order: the main index, then the extra ones."""
     config = _pip_config()
-    main = (os.environ.get("PIP_INDEX_URL") or config.get("index-url") or _pip_default_index())
+    main = os.environ.get("PIP_INDEX_URL") or config.get("index-url") or _pip_default_index()
     extra = (os.environ.get("PIP_EXTRA_INDEX_URL") or config.get("extra-index-url") or "").split()
     urls = [main] + [u for u in extra if u != main]
     return [u.rstrip("/") + "/" for u in urls]
@@ -42,9 +43,13 @@ def pip_index_urls() -> list[str]:
 def _pip_config() -> dict:
     """pip's own view of its configuration files (``pip config list``), last scope wins."""
     try:
-        out = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True, check=True, env={**os.environ, "PIP_INDEX_URL": "",
-                                                         "PIP_EXTRA_INDEX_URL": ""}).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PIP_INDEX_URL": "", "PIP_EXTRA_INDEX_URL": ""},
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return {}
     config = {}
@@ -116,8 +121,9 @@ def verify_archive(path: Path, lock: Lock, source: str | None = None, hint: str 
     b, source = lock.baseline, source or str(path)
     actual = sha256_file(path)
     if actual != b.sha256:
-        raise CheckFailed(mismatch("sha256", source, b.sha256, actual)
-                          + f"\n  (expected: {lock.path} [baseline] sha256){hint}")
+        raise CheckFailed(
+            mismatch("sha256", source, b.sha256, actual) + f"\n  (expected: {lock.path} [baseline] sha256){hint}"
+        )
     size = path.stat().st_size
     if size != b.size:  # the right archive: the lock's size field is what is wrong
         raise CheckFailed(mismatch(f"[baseline] size of {source}", str(lock.path), size, b.size))
@@ -126,8 +132,9 @@ def verify_archive(path: Path, lock: Lock, source: str | None = None, hint: str 
 STALE_CACHE = "\n  (delete the file or run `fa2patch fetch --force` to download it again)"
 
 
-def fetch(lock: Lock, sdist: Path | None = None, index_url: str | None = None,
-          force: bool = False, quiet: bool = False) -> Path:
+def fetch(
+    lock: Lock, sdist: Path | None = None, index_url: str | None = None, force: bool = False, quiet: bool = False
+) -> Path:
     """Return the verified archive in the cache. A named ``sdist`` is always verified and copied
     there (it replaces what the cache holds); else the cache is used, or filled by a download."""
     target = cached_archive(lock)
@@ -166,13 +173,14 @@ def _download(lock: Lock, dest: Path, index_url: str | None, quiet: bool) -> str
     return download(b.project, b.archive, b.sha256, b.size, dest, index_url, quiet)
 
 
-def download(project: str, filename: str, sha256: str, size: int, dest: Path,
-             index_url: str | None = None, quiet: bool = True) -> str:
+def download(
+    project: str, filename: str, sha256: str, size: int, dest: Path, index_url: str | None = None, quiet: bool = True
+) -> str:
     """Download ``filename`` of ``project`` from the first configured index that lists it; the
     caller checks ``sha256`` of ``dest`` (an index that states another one is refused here)."""
     context = _ssl_context()
     problems = []
-    for index in ([index_url.rstrip("/") + "/"] if index_url else pip_index_urls()):
+    for index in [index_url.rstrip("/") + "/"] if index_url else pip_index_urls():
         try:
             url, stated = find_in_index(index, project, filename, context)
         except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
@@ -185,8 +193,7 @@ def download(project: str, filename: str, sha256: str, size: int, dest: Path,
         except (OSError, urllib.error.URLError) as exc:
             raise EnvironmentProblem(f"{url}: download failed: {exc}") from exc
         return url
-    raise EnvironmentProblem(f"{filename}: not found in any configured package index:\n  "
-                             + "\n  ".join(problems))
+    raise EnvironmentProblem(f"{filename}: not found in any configured package index:\n  " + "\n  ".join(problems))
 
 
 def fetch_pinned(project: str, filename: str, sha256: str, size: int, index_url: str | None = None) -> Path:
@@ -206,8 +213,9 @@ def fetch_pinned(project: str, filename: str, sha256: str, size: int, index_url:
 def _stream(url: str, dest: Path, size: int, context, quiet: bool) -> None:
     with urllib.request.urlopen(url, timeout=120, context=context) as resp, open(dest, "wb") as out:
         length = int(resp.headers.get("Content-Length") or size) if hasattr(resp, "headers") else size
-        with click.progressbar(length=length, label=f"fetch {url.rsplit('/', 1)[-1]}",
-                               hidden=quiet, file=sys.stderr) as bar:
+        with click.progressbar(
+            length=length, label=f"fetch {url.rsplit('/', 1)[-1]}", hidden=quiet, file=sys.stderr
+        ) as bar:
             while chunk := resp.read(1 << 20):
                 out.write(chunk)
                 bar.update(len(chunk))

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The git workspace: deterministic commits, isolated from the user's git configuration."""
 
 import os
@@ -78,22 +79,31 @@ def series_commits(repo: git.Repo) -> list[git.Commit]:
     commits = list(repo.iter_commits("HEAD", first_parent=True))
     commits.reverse()
     if not commits or PRISTINE_TRAILER not in commits[0].message:
-        raise EnvironmentProblem(
-            f"{repo.working_dir}: the root commit is not a fa2patch pristine import"
-        )
+        raise EnvironmentProblem(f"{repo.working_dir}: the root commit is not a fa2patch pristine import")
     for c in commits[1:]:
         if len(c.parents) != 1:
-            raise EnvironmentProblem(f"{repo.working_dir}: commit {c.hexsha[:12]} is a merge; "
-                                     "the series must be linear")
+            raise EnvironmentProblem(
+                f"{repo.working_dir}: commit {c.hexsha[:12]} is a merge; the series must be linear"
+            )
     return commits
 
 
 def diff(repo: git.Repo, parent: str, child: str) -> str:
     """The diff of one series commit, with every option that affects its text fixed."""
     out = repo.git.diff(
-        "--no-color", "--no-ext-diff", "--no-renames", "--full-index", "--binary",
-        "--diff-algorithm=myers", "-U3", "--src-prefix=a/", "--dst-prefix=b/",
-        parent, child, stdout_as_string=False, strip_newline_in_stdout=False,
+        "--no-color",
+        "--no-ext-diff",
+        "--no-renames",
+        "--full-index",
+        "--binary",
+        "--diff-algorithm=myers",
+        "-U3",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        parent,
+        child,
+        stdout_as_string=False,
+        strip_newline_in_stdout=False,
     )
     return out.decode("utf-8", "surrogateescape")
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What the card did while a case was timed: SM and memory clock, power, temperature and clock
 event ("throttle") reasons, sampled through NVML (the ``nvidia-ml-py`` package, import name
 ``pynvml``) by a thread at a fixed interval around the timed calls.
@@ -91,10 +92,12 @@ def _text(value) -> str:
 def card_facts(nvml, handle) -> dict:
     """Driver version, name, max SM clock and power limit, where NVML answers."""
     facts = {}
-    for key, read in (("driver", lambda: _text(nvml.nvmlSystemGetDriverVersion())),
-                      ("name", lambda: _text(nvml.nvmlDeviceGetName(handle))),
-                      ("max_sm_clock_mhz", lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)),
-                      ("power_limit_w", lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0)):
+    for key, read in (
+        ("driver", lambda: _text(nvml.nvmlSystemGetDriverVersion())),
+        ("name", lambda: _text(nvml.nvmlDeviceGetName(handle))),
+        ("max_sm_clock_mhz", lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        ("power_limit_w", lambda: nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0),
+    ):
         try:
             facts[key] = read()
         except Exception:
@@ -122,15 +125,18 @@ class Sampler:
 
     def sample(self) -> dict:
         n, h = self.nvml, self.handle
-        reasons = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            n.nvmlDeviceGetCurrentClocksThrottleReasons
+        reasons = (
+            getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or n.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
         power = self._read(lambda: n.nvmlDeviceGetPowerUsage(h))
-        return {"t": self.clock() - self._t0,
-                "sm_clock_mhz": self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
-                "mem_clock_mhz": self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
-                "power_w": None if power is None else power / 1000.0,
-                "temperature_c": self._read(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
-                "reasons": self._read(lambda: reasons(h))}
+        return {
+            "t": self.clock() - self._t0,
+            "sm_clock_mhz": self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+            "mem_clock_mhz": self._read(lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM)),
+            "power_w": None if power is None else power / 1000.0,
+            "temperature_c": self._read(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+            "reasons": self._read(lambda: reasons(h)),
+        }
 
     def _run(self):
         while not self._stop.wait(self.interval_s):
@@ -168,10 +174,14 @@ def summarize(samples: list[dict], interval_s: float | None = None) -> dict:
     masks = [s["reasons"] for s in samples if s.get("reasons") is not None]
     seen = decode_reasons(_or(masks))
     counted = [r for r in seen if r not in NOT_THROTTLING]
-    return {"samples": len(samples), "interval_ms": None if interval_s is None else interval_s * 1e3,
-            **{q: spread([s.get(q) for s in samples]) for q in QUANTITIES},
-            "throttle_reasons_seen": seen, "throttled_by": counted,
-            "throttled": bool(counted) if masks else None}
+    return {
+        "samples": len(samples),
+        "interval_ms": None if interval_s is None else interval_s * 1e3,
+        **{q: spread([s.get(q) for s in samples]) for q in QUANTITIES},
+        "throttle_reasons_seen": seen,
+        "throttled_by": counted,
+        "throttled": bool(counted) if masks else None,
+    }
 
 
 def _or(masks: list[int]) -> int:
@@ -190,8 +200,15 @@ def merge(summaries: list[dict | None]) -> dict | None:
     out = {"cases": len(summaries), "samples": sum(s["samples"] for s in summaries)}
     for q in QUANTITIES:
         parts = [s[q] for s in summaries if s.get(q)]
-        out[q] = {"min": min(p["min"] for p in parts), "median": statistics.median(p["median"] for p in parts),
-                  "max": max(p["max"] for p in parts)} if parts else None
+        out[q] = (
+            {
+                "min": min(p["min"] for p in parts),
+                "median": statistics.median(p["median"] for p in parts),
+                "max": max(p["max"] for p in parts),
+            }
+            if parts
+            else None
+        )
     seen = {r for s in summaries for r in s["throttle_reasons_seen"]}
     order = list(REASONS.values())
     out["throttle_reasons_seen"] = sorted(seen, key=lambda r: order.index(r) if r in order else len(order))
@@ -204,8 +221,12 @@ def describe(summary: dict | None) -> str:
     if not summary:
         return "no NVML samples"
     parts = []
-    for q, label, unit in (("sm_clock_mhz", "SM", " MHz"), ("mem_clock_mhz", "mem", " MHz"),
-                           ("power_w", "", " W"), ("temperature_c", "", " C")):
+    for q, label, unit in (
+        ("sm_clock_mhz", "SM", " MHz"),
+        ("mem_clock_mhz", "mem", " MHz"),
+        ("power_w", "", " W"),
+        ("temperature_c", "", " C"),
+    ):
         s = summary.get(q)
         if s:
             parts.append(f"{label + ' ' if label else ''}{_range(s)}{unit}")
@@ -234,5 +255,8 @@ def open_for_torch(torch):
         handle, how = device_handle(nvml, uuid, pci, torch.cuda.current_device())
     except Exception as exc:
         return None, None, {"available": False, "note": f"NVML not sampled: no handle for torch's GPU ({exc})"}
-    return nvml, handle, {"available": True, "device": how, "interval_ms": DEFAULT_INTERVAL_S * 1e3,
-                          **card_facts(nvml, handle)}
+    return (
+        nvml,
+        handle,
+        {"available": True, "device": how, "interval_ms": DEFAULT_INTERVAL_S * 1e3, **card_facts(nvml, handle)},
+    )

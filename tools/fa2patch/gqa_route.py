@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The long-prefill route's launches (sm70-gqa-prefill), from the plan the extension runs.
 
 The op's block plan and launch sequence exist once, in its C++ (gqa_prefill_api.cpp make_plan and
@@ -27,8 +28,14 @@ def sizes(shape: Shape) -> tuple[int, int, int, int]:
 def may_take(shape: Shape) -> bool:
     """What the op's interface takes whatever the build: one causal sequence without decode rows,
     whole groups, KV >= Q > 0 (the op itself also refuses groups larger than it supports)."""
-    return (shape.causal and shape.b == 1 and not shape.decode and shape.hkv > 0 and shape.hq % shape.hkv == 0
-            and shape.kv >= shape.q > 0)
+    return (
+        shape.causal
+        and shape.b == 1
+        and not shape.decode
+        and shape.hkv > 0
+        and shape.hq % shape.hkv == 0
+        and shape.kv >= shape.q > 0
+    )
 
 
 def eligible(shape: Shape, geometry: dict) -> bool:
@@ -43,8 +50,10 @@ def tile_loops(kernel: dict) -> dict:
     pv = [lp for lp in loops if lp["mix"].get("mufu", 0)]
     qk = [lp for lp in loops if not lp["mix"].get("mufu", 0)]
     if len(pv) != 1 or len(qk) != 1 or any("outside" not in lp for lp in loops):
-        raise EnvironmentProblem(f"kernel {kernel['kernel']}: expected one qk hot loop (no MUFU) and one pv hot loop "
-                                 f"(MUFU), each with its tile's code; got {len(qk)} and {len(pv)}")
+        raise EnvironmentProblem(
+            f"kernel {kernel['kernel']}: expected one qk hot loop (no MUFU) and one pv hot loop "
+            f"(MUFU), each with its tile's code; got {len(qk)} and {len(pv)}"
+        )
     return {"qk": qk[0], "pv": pv[0]}
 
 
@@ -58,8 +67,10 @@ def step_hbm_bytes(step: dict, plan: dict, tiles: dict, shape: Shape) -> int:
     qk, pv = tiles["qk"], tiles["pv"]
     per_max = qk["keys_per_iteration"] // pv["keys_per_iteration"]
     if per_max * pv["keys_per_iteration"] != qk["keys_per_iteration"]:
-        raise EnvironmentProblem(f"long-prefill tiles: qk keys {qk['keys_per_iteration']} are not a multiple of pv keys "
-                                 f"{pv['keys_per_iteration']} (the traffic model reads one maximum per qk tile)")
+        raise EnvironmentProblem(
+            f"long-prefill tiles: qk keys {qk['keys_per_iteration']} are not a multiple of pv keys "
+            f"{pv['keys_per_iteration']} (the traffic model reads one maximum per qk tile)"
+        )
     d, hkv = shape.d, shape.hkv
     state = pv["rows_per_cta"] * (d * 4 + 2 * 4)
     ctas = [(kind, its) for kind, count, its in step["runs"] for _ in range(count)]
@@ -77,8 +88,11 @@ def step_hbm_bytes(step: dict, plan: dict, tiles: dict, shape: Shape) -> int:
         block = step["qk"]
         total += block["num_keys"] * hkv * d * 2
         total += sum(qk["rows_per_cta"] * (qk["keys_per_iteration"] * 2 + 4) for kind, _ in ctas if kind == "qk")
-        first_row, end = block["row_tile0"] * qk["rows_per_cta"], (block["row_tile0"] + block["row_tiles"]) * qk["rows_per_cta"]
-        total += hkv * max(0, min(plan["rows"], end) - first_row) * d * 2      # the real rows of its row tiles
+        first_row, end = (
+            block["row_tile0"] * qk["rows_per_cta"],
+            (block["row_tile0"] + block["row_tiles"]) * qk["rows_per_cta"],
+        )
+        total += hkv * max(0, min(plan["rows"], end) - first_row) * d * 2  # the real rows of its row tiles
     return total
 
 
@@ -89,12 +103,14 @@ def launches(shape: Shape, kernel: dict, plan: dict) -> tuple[list[KernelLaunch]
     rounds as the prologue)."""
     g = kernel["geometry"]
     tiles = {t["kind"]: t for t in g["tiles"]}
-    kinds = {name: CtaKind(LoopMix(**lp["model_mix"]), (), LoopMix(**lp["outside"]["model_mix"]), 0)
-             for name, lp in tile_loops(kernel).items()}
+    kinds = {
+        name: CtaKind(LoopMix(**lp["model_mix"]), (), LoopMix(**lp["outside"]["model_mix"]), 0)
+        for name, lp in tile_loops(kernel).items()
+    }
     kinds["idle"] = CtaKind(LoopMix(), (), LoopMix(), 0)
     out = []
     for step in plan["steps"]:
-        runs: list[tuple[str, list[int]]] = []          # consecutive CTAs of one kind
+        runs: list[tuple[str, list[int]]] = []  # consecutive CTAs of one kind
         for kind, count, its in step["runs"]:
             if runs and runs[-1][0] == kind:
                 runs[-1][1].extend([its] * count)
@@ -104,7 +120,17 @@ def launches(shape: Shape, kernel: dict, plan: dict) -> tuple[list[KernelLaunch]
             continue
         parts = [replace(kinds[name], iterations=tuple(its)) for name, its in runs]
         head = parts[0]
-        out.append(KernelLaunch(kernel["kernel"], head.loop, head.iterations, g["warps"],
-                                kernel["occupancy"]["blocks_per_sm"], head.epilogue, head.prologue_load_rounds,
-                                step_hbm_bytes(step, plan, tiles, shape), tuple(parts[1:])))
+        out.append(
+            KernelLaunch(
+                kernel["kernel"],
+                head.loop,
+                head.iterations,
+                g["warps"],
+                kernel["occupancy"]["blocks_per_sm"],
+                head.epilogue,
+                head.prologue_load_rounds,
+                step_hbm_bytes(step, plan, tiles, shape),
+                tuple(parts[1:]),
+            )
+        )
     return out, {"block_keys": plan["block_keys"], "blocks": plan["num_blocks"], "splits": 1}

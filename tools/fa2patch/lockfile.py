@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """baseline.lock: the pristine baseline, the ordered patch list and the toolchain pins.
 
 TOML, reviewed like code. Read and written with tomlkit so that comments survive when
@@ -56,11 +57,11 @@ class PatchEntry:
 
 @dataclass(frozen=True)
 class Toolchain:
-    cuda: str                  # the CUDA release the sm_70 build targets, "12.8"
-    torch: str                 # the torch release the extension is built and loaded with
-    clang: str                 # the clang major version of the clang route
-    wheels: tuple[str, ...]    # the CUDA wheels of pyproject.toml's `build` extra, "name==version"
-    fatbinary_wheel: str       # installed --no-deps for its fatbinary, "name==version"
+    cuda: str  # the CUDA release the sm_70 build targets, "12.8"
+    torch: str  # the torch release the extension is built and loaded with
+    clang: str  # the clang major version of the clang route
+    wheels: tuple[str, ...]  # the CUDA wheels of pyproject.toml's `build` extra, "name==version"
+    fatbinary_wheel: str  # installed --no-deps for its fatbinary, "name==version"
 
     def pins(self) -> dict[str, str]:
         """{distribution name: pinned version} of every pinned Python package."""
@@ -114,12 +115,15 @@ class Lock:
         if value is None:
             raise self._fail("missing format")
         if type(value.unwrap()) is not int or value != FORMAT:
-            raise CheckFailed(mismatch("format", str(self.path), FORMAT, value.unwrap())
-                              + "\n  (a lock written for another fa2patch version)")
+            raise CheckFailed(
+                mismatch("format", str(self.path), FORMAT, value.unwrap())
+                + "\n  (a lock written for another fa2patch version)"
+            )
         unknown = sorted(set(self.doc) - TOP_LEVEL)
         if unknown:
-            raise self._fail(f"unknown top-level field(s) {', '.join(unknown)} (expected only "
-                             f"{', '.join(sorted(TOP_LEVEL))})")
+            raise self._fail(
+                f"unknown top-level field(s) {', '.join(unknown)} (expected only {', '.join(sorted(TOP_LEVEL))})"
+            )
 
     def _table(self, name: str, cls, kinds: dict) -> dict:
         table = self.doc.get(name)
@@ -130,9 +134,13 @@ class Lock:
         unknown = sorted(set(table) - set(fields))
         missing = [f for f in fields if f not in table]
         if unknown or missing:
-            raise self._fail(f"[{name}] " + "; ".join(
-                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-                + ([f"missing {', '.join(missing)}"] if missing else [])))
+            raise self._fail(
+                f"[{name}] "
+                + "; ".join(
+                    ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+                    + ([f"missing {', '.join(missing)}"] if missing else [])
+                )
+            )
         for key, value in table.items():
             kind = kinds.get(key, str)
             if not isinstance(value, kind) or isinstance(value, bool):
@@ -151,19 +159,18 @@ class Lock:
         # is the project's name in any spelling that normalizes to the same (PEP 503/625).
         name, dash, version = b.top_dir.rpartition("-")
         if not dash or normalize_name(name) != normalize_name(b.project) or version != b.version:
-            raise CheckFailed(mismatch("[baseline] top_dir", str(self.path),
-                                       f"<{b.project} in any spelling>-{b.version}", b.top_dir))
+            raise CheckFailed(
+                mismatch("[baseline] top_dir", str(self.path), f"<{b.project} in any spelling>-{b.version}", b.top_dir)
+            )
         if b.archive != b.top_dir + SDIST_SUFFIX:
-            raise CheckFailed(mismatch("[baseline] archive", str(self.path),
-                                       b.top_dir + SDIST_SUFFIX, b.archive))
+            raise CheckFailed(mismatch("[baseline] archive", str(self.path), b.top_dir + SDIST_SUFFIX, b.archive))
         return b
 
     def _toolchain(self) -> Toolchain:
         t = self._table("toolchain", Toolchain, {"wheels": list})
         t = Toolchain(**{**t, "wheels": tuple(t["wheels"])})
         if not re.fullmatch(r"\d+\.\d+", t.cuda) or not re.fullmatch(r"\d+", t.clang):
-            raise self._fail(f"[toolchain] cuda must be MAJOR.MINOR and clang MAJOR, got "
-                             f"{t.cuda!r} and {t.clang!r}")
+            raise self._fail(f"[toolchain] cuda must be MAJOR.MINOR and clang MAJOR, got {t.cuda!r} and {t.clang!r}")
         if not re.fullmatch(r"\d+(\.\d+)*", t.torch):
             raise self._fail(f"[toolchain] torch must be a release number, got {t.torch!r}")
         for pin in (*t.wheels, t.fatbinary_wheel):
@@ -172,8 +179,11 @@ class Lock:
         for pin in t.wheels:  # the CUDA wheels are the release that `cuda` names
             version = PIN_RE.match(pin).group(2)
             if not version.startswith(t.cuda + "."):
-                raise CheckFailed(mismatch(f"[toolchain] CUDA release of {pin}", str(self.path),
-                                           f"{t.cuda}.x (the cuda field)", version))
+                raise CheckFailed(
+                    mismatch(
+                        f"[toolchain] CUDA release of {pin}", str(self.path), f"{t.cuda}.x (the cuda field)", version
+                    )
+                )
         return t
 
     def _patches(self) -> list[PatchEntry]:
@@ -201,8 +211,11 @@ class Lock:
         import hashlib
         import json
 
-        state = [dataclasses.asdict(self.baseline), dataclasses.asdict(self.identity),
-                 [dataclasses.asdict(p) for p in self.patches]]
+        state = [
+            dataclasses.asdict(self.baseline),
+            dataclasses.asdict(self.identity),
+            [dataclasses.asdict(p) for p in self.patches],
+        ]
         return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
 
     def write_patches(self, entries: list[PatchEntry]) -> None:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The numerics contract (docs/DESIGN.md §7), defined once: the reference comparison, smoke,
 bench and the GPU suite all judge results with these thresholds."""
 

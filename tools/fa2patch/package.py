@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """package: what people who ship vLLM for V100 install (README, docs/packaging.md).
 
 - ``wheel``: the verified extension of ``build/<arch>`` plus the vLLM plugin
@@ -30,6 +31,7 @@ from .digest import git_tree_digest
 from .errors import CheckFailed, EnvironmentProblem
 from .lockfile import Lock
 from .project import Project
+
 # The tested vLLM release's facts and sources live in vllm_sdist; re-exported here for the callers that
 # import them from package (ci/gpu-vllm.sh, tests/conftest.py).
 from .vllm_sdist import extract_vllm_sources, vllm_release  # noqa: F401
@@ -42,8 +44,10 @@ ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 TREE_EXTRAS = ("fa2patch-build.toml", "LICENSE", "AUTHORS")
 # vLLM's fork ships FA2's Triton rotary kernel as vllm.vllm_flash_attn.layers.rotary (vLLM's
 # ApplyRotaryEmb.forward_cuda imports it); vLLM installs the tree's vllm_flash_attn/*.py.
-ROTARY = {"flash_attn/layers/rotary.py": "vllm_flash_attn/layers/rotary.py",
-          "flash_attn/ops/triton/rotary.py": "vllm_flash_attn/ops/triton/rotary.py"}
+ROTARY = {
+    "flash_attn/layers/rotary.py": "vllm_flash_attn/layers/rotary.py",
+    "flash_attn/ops/triton/rotary.py": "vllm_flash_attn/ops/triton/rotary.py",
+}
 
 
 def _record_hash(data: bytes) -> str:
@@ -55,10 +59,14 @@ def write_wheel(out_dir: Path, version: str, tag: str, files: dict[str, bytes], 
     info = f"{DIST}-{version}.dist-info"
     purelib = tag.endswith("-none-any")
     meta = {
-        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {DIST.replace('_', '-')}\nVersion: {version}\n"
-                             f"Summary: {summary}\nRequires-Python: >=3.9\n"),
-        f"{info}/WHEEL": (f"Wheel-Version: 1.0\nGenerator: fa2patch {__version__}\n"
-                          f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n"),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {DIST.replace('_', '-')}\nVersion: {version}\n"
+            f"Summary: {summary}\nRequires-Python: >=3.9\n"
+        ),
+        f"{info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: fa2patch {__version__}\n"
+            f"Root-Is-Purelib: {'true' if purelib else 'false'}\nTag: {tag}\n"
+        ),
         f"{info}/entry_points.txt": ENTRY_POINTS,
     }
     entries = {**files, **{k: v.encode() for k, v in meta.items()}}
@@ -103,7 +111,8 @@ def packageable(project: Project, arch: str) -> tuple[dict, Path]:
             f"{project.build_dir(arch) / 'manifest.json'}: a check-only build is not packaged (that torch "
             f"cannot run it)\n  expected: a build against a torch that runs {arch} (fa2patch build --python "
             f"PY, without --allow-torch-without-sm70)\n  actual:   a build against torch {torch['version']} "
-            f"({torch['python']}): " + "; ".join(manifest["check_only"]["why"]))
+            f"({torch['python']}): " + "; ".join(manifest["check_only"]["why"])
+        )
     return manifest, artifact
 
 
@@ -112,33 +121,50 @@ def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list) -> Pa
     manifest, artifact = packageable(project, arch)
     failed = [r for r in verified_rows if not r.ok]
     if failed:
-        raise CheckFailed(f"{project.build_dir(arch)}: verify failed, nothing packaged:\n  "
-                          + "\n  ".join(f"{r.name}: {r.detail.splitlines()[0]}" for r in failed))
+        raise CheckFailed(
+            f"{project.build_dir(arch)}: verify failed, nothing packaged:\n  "
+            + "\n  ".join(f"{r.name}: {r.detail.splitlines()[0]}" for r in failed)
+        )
     torch = manifest["torch"]
     record = {
-        "bundles_extension": True, "fa2patch": __version__, "arch": arch,
+        "bundles_extension": True,
+        "fa2patch": __version__,
+        "arch": arch,
         "torch": {k: torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python_version")},
-        "extension_sha256": manifest["artifact"]["sha256"], "compiler": manifest["compiler"]["kind"],
+        "extension_sha256": manifest["artifact"]["sha256"],
+        "compiler": manifest["compiler"]["kind"],
         "cxx_standard": manifest["cxx_standard"],
         "source_tree_digest": manifest["source_tree_digest"],
         "source_matches_lock": manifest["source_matches_lock"],
     }
-    files = {**plugin_files(project),
-             f"{DIST}/build.json": (json.dumps(record, indent=1) + "\n").encode(),
-             f"{DIST}/{artifact.name}": artifact.read_bytes()}
+    files = {
+        **plugin_files(project),
+        f"{DIST}/build.json": (json.dumps(record, indent=1) + "\n").encode(),
+        f"{DIST}/{artifact.name}": artifact.read_bytes(),
+    }
     # The torch it needs, in the version (a local label): pip cannot resolve it, the plugin checks it.
     version = f"{__version__}+torch{re.sub(r'[^0-9A-Za-z]+', '.', torch['version'])}"
     py = "cp39-abi3"  # the extension uses the limited API of CPython 3.9 (python_module.cpp)
-    return write_wheel(out_dir, version, f"{py}-{platform_tag()}", files,
-                       f"fa2patch's _vllm_fa2_C ({arch}, torch {torch['version']}) and its vLLM plugin")
+    return write_wheel(
+        out_dir,
+        version,
+        f"{py}-{platform_tag()}",
+        files,
+        f"fa2patch's _vllm_fa2_C ({arch}, torch {torch['version']}) and its vLLM plugin",
+    )
 
 
 def plugin_wheel(project: Project, out_dir: Path, source_digest: str) -> Path:
     """The plugin alone, for a vLLM that built fa2patch's extension itself (--vllm-src)."""
     record = {"bundles_extension": False, "fa2patch": __version__, "source_tree_digest": source_digest}
     files = {**plugin_files(project), f"{DIST}/build.json": (json.dumps(record, indent=1) + "\n").encode()}
-    return write_wheel(out_dir, __version__, "py3-none-any", files,
-                       "vLLM plugin for fa2patch's _vllm_fa2_C built by vLLM from fa2patch's source tree")
+    return write_wheel(
+        out_dir,
+        __version__,
+        "py3-none-any",
+        files,
+        "vLLM plugin for fa2patch's _vllm_fa2_C built by vLLM from fa2patch's source tree",
+    )
 
 
 def _cmake_list(items) -> str:
@@ -161,8 +187,9 @@ def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str, cud
         # -std and -fPIC come from CMake's CXX_STANDARD/CUDA_STANDARD and its module libraries.
         "OPT_FLAGS": _cmake_list([f for f in build.BASE_FLAGS if not f.startswith(("-std=", "-fPIC"))]),
         "CXX_STANDARD": build.CXX_STANDARD.removeprefix("c++"),
-        "CLANG_CUDA_FLAGS": _cmake_list([f for f in build.clang_cuda_flags(arch, Path(), cuda_release)
-                                         if not f.startswith("--cuda-path=")]),
+        "CLANG_CUDA_FLAGS": _cmake_list(
+            [f for f in build.clang_cuda_flags(arch, Path(), cuda_release) if not f.startswith("--cuda-path=")]
+        ),
         "NVCC_FLAGS": _cmake_list(build.nvcc_cuda_flags(arch)),
         "TORCH_LIBS": _cmake_list(build.TORCH_LIBS),
     }
@@ -182,14 +209,15 @@ def tree_paths(desc: "build.BuildDescription", arch: str) -> list[str]:
     return [r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots)]
 
 
-def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, lock: Lock,
-                     force: bool = False) -> dict:
+def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, lock: Lock, force: bool = False) -> dict:
     """Write the tree for VLLM_FLASH_ATTN_SRC_DIR at ``dest`` from the workspace's HEAD commit."""
     repo = gitws.open_repo(workspace)
     dirty = gitws.uncommitted_paths(repo)
     if dirty:
-        raise CheckFailed(f"{workspace}: uncommitted changes ({', '.join(dirty[:5])}); the source tree "
-                          "is made from committed work only")
+        raise CheckFailed(
+            f"{workspace}: uncommitted changes ({', '.join(dirty[:5])}); the source tree "
+            "is made from committed work only"
+        )
     desc = build.BuildDescription.load(workspace)
     desc.arch(arch)
     dest = dest.resolve()
@@ -201,8 +229,11 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
     try:
-        archive = subprocess.run(["git", "-C", str(workspace), "archive", "--format=tar", "HEAD", "--", *paths],
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(workspace), "archive", "--format=tar", "HEAD", "--", *paths],
+            capture_output=True,
+            check=True,
+        ).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(staging, filter="data")
         for source, target in ROTARY.items():
@@ -210,15 +241,21 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
                 text = repo.git.show(f"HEAD:{source}")
                 (staging / target).parent.mkdir(parents=True, exist_ok=True)
                 (staging / target).write_text(
-                    text.replace("flash_attn.ops.triton.rotary", "vllm.vllm_flash_attn.ops.triton.rotary") + "\n")
+                    text.replace("flash_attn.ops.triton.rotary", "vllm.vllm_flash_attn.ops.triton.rotary") + "\n"
+                )
         (staging / "vllm_flash_attn").mkdir(exist_ok=True)  # vLLM installs its *.py files
         (staging / "cmake").mkdir()
         shutil.copy(Path(__file__).with_name("torch_query.py"), staging / "cmake" / "torch_query.py")
         (staging / "CMakeLists.txt").write_text(cmake_lists(project, desc, arch, lock.toolchain.cuda))
         digest = git_tree_digest(repo, "HEAD")
-        record = {"fa2patch": __version__, "arch": arch, "cxx_standard": build.CXX_STANDARD,
-                  "source_tree_digest": digest,
-                  "source_matches_lock": digest == lock.final_digest(), "paths": paths}
+        record = {
+            "fa2patch": __version__,
+            "arch": arch,
+            "cxx_standard": build.CXX_STANDARD,
+            "source_tree_digest": digest,
+            "source_matches_lock": digest == lock.final_digest(),
+            "paths": paths,
+        }
         (staging / "fa2patch-vllm-src.json").write_text(json.dumps(record, indent=1) + "\n")
         if dest.exists():
             shutil.rmtree(dest)

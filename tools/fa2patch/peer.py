@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The peer a V100 user runs today: vLLM 0.33's TRITON_ATTN backend, modelled from its sm_70 SASS.
 
 Without fa2patch, vLLM 0.33 refuses FLASH_ATTN and FLASHINFER on capability 7.0 and picks
@@ -36,23 +37,38 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import peer_compile, sass, sass_mix, toolchain
-from .shapes import Shape
 from .errors import EnvironmentProblem
-from .v100model import (Card, CtaKind, KernelLaunch, LoopMix, access_passes, estimate_launch, load_data, load_v100,
-                        lower_bound, occupancy)
+from .shapes import Shape
+from .v100model import (
+    Card,
+    CtaKind,
+    KernelLaunch,
+    LoopMix,
+    access_passes,
+    estimate_launch,
+    load_data,
+    load_v100,
+    lower_bound,
+    occupancy,
+)
 
 NAME = "vllm-triton"
-TRITON_PIN = ("vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
-              "Requires-Dist: triton~=3.8.0; newest 3.8.x on the index: 3.8.0")
+TRITON_PIN = (
+    "vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
+    "Requires-Dist: triton~=3.8.0; newest 3.8.x on the index: 3.8.0"
+)
 ENVIRONMENT = "python3 -m venv /work/scratch/peer-venv && /work/scratch/peer-venv/bin/pip install 'triton~=3.8.0'"
-COMMAND = ("PYTHONPATH=tools python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python "
-           "--out tools/fa2patch/data/peer_vllm_triton.toml")
+COMMAND = (
+    "PYTHONPATH=tools python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python "
+    "--out tools/fa2patch/data/peer_vllm_triton.toml"
+)
 DATA = "peer_vllm_triton.toml"
-SEQ_THRESHOLD_GRID = 128   # MIN_LAUNCH_GRID_SIZE_2D: seq_threshold_3D = 128 // kv heads
+SEQ_THRESHOLD_GRID = 128  # MIN_LAUNCH_GRID_SIZE_2D: seq_threshold_3D = 128 // kv heads
 MAX_3D_QUERY_LEN = 8
 
 
 # --- What vLLM launches for a shape ------------------------------------------------------------
+
 
 def plan(shape: Shape) -> dict:
     """unified_attention's choices on capability 7.0 (fp16, no sinks/ALiBi/window/FP8, no
@@ -66,9 +82,17 @@ def plan(shape: Shape) -> dict:
     short = shape.q == 1 or (shape.q <= MAX_3D_QUERY_LEN and shape.causal)
     use_3d = short and shape.b * -(-shape.q // bq) <= threshold and shape.b * shape.q <= threshold
     mode = "3d" if use_3d else "2d"
-    return {"group": group, "block_m": bm, "block_q": bq, "mode": mode, "tile": 16 if use_3d else 32,
-            "segments": peer_compile.NUM_SEGMENTS if use_3d else 1, "seq_threshold_3d": threshold,
-            "variant": f"d{shape.d}_g{group}_{mode}", "reduce": f"d{shape.d}_reduce" if use_3d else None}
+    return {
+        "group": group,
+        "block_m": bm,
+        "block_q": bq,
+        "mode": mode,
+        "tile": 16 if use_3d else 32,
+        "segments": peer_compile.NUM_SEGMENTS if use_3d else 1,
+        "seq_threshold_3d": threshold,
+        "variant": f"d{shape.d}_g{group}_{mode}",
+        "reduce": f"d{shape.d}_reduce" if use_3d else None,
+    }
 
 
 def cta_iterations(shape: Shape, p: dict) -> list[int | None]:
@@ -92,15 +116,21 @@ def cta_iterations(shape: Shape, p: dict) -> list[int | None]:
             if local * bq >= shape.q:
                 row.append(None)
                 continue
-            prefix = (min(shape.kv - shape.q + local * bq + (p["block_m"] - 1) // p["group"] + 1, shape.kv)
-                      if shape.causal else shape.kv)
+            prefix = (
+                min(shape.kv - shape.q + local * bq + (p["block_m"] - 1) // p["group"] + 1, shape.kv)
+                if shape.causal
+                else shape.kv
+            )
             tiles = -(-prefix // tile)
             if p["mode"] == "2d":
                 row.append(tiles)
                 continue
             per_segment = -(-shape.kv // (p["segments"] * tile))
-            row.append(None if z * per_segment * tile >= shape.kv
-                       else max(0, min((z + 1) * per_segment, tiles) - z * per_segment))
+            row.append(
+                None
+                if z * per_segment * tile >= shape.kv
+                else max(0, min((z + 1) * per_segment, tiles) - z * per_segment)
+            )
         per_head.append(row)
     return [its for z in range(p["segments"]) for _ in range(shape.hkv) for its in per_head[z]]
 
@@ -129,12 +159,26 @@ def runs(kinds: dict[str, CtaKind], order: list[tuple[str, int]]) -> list[CtaKin
 def launch_of(name: str, parts: list[CtaKind], variant: dict, hbm: float, v100: dict) -> KernelLaunch:
     occ = occupancy(variant["registers"], variant["shared"], 32 * variant["num_warps"], v100)
     head = parts[0]
-    return KernelLaunch(name, head.loop, head.iterations, variant["num_warps"], occ["blocks_per_sm"], head.epilogue,
-                        head.prologue_load_rounds, hbm, tuple(parts[1:]))
+    return KernelLaunch(
+        name,
+        head.loop,
+        head.iterations,
+        variant["num_warps"],
+        occ["blocks_per_sm"],
+        head.epilogue,
+        head.prologue_load_rounds,
+        hbm,
+        tuple(parts[1:]),
+    )
 
 
-def peer_launches(shape: Shape, card: Card | None = None, data: dict | None = None, v100: dict | None = None,
-                  spills_on_l1: bool = False) -> tuple[list[KernelLaunch], dict]:
+def peer_launches(
+    shape: Shape,
+    card: Card | None = None,
+    data: dict | None = None,
+    v100: dict | None = None,
+    spills_on_l1: bool = False,
+) -> tuple[list[KernelLaunch], dict]:
     """The launches vLLM's TRITON_ATTN backend makes for ``shape``, from the recorded variants.
     ``spills_on_l1``: also charge the main loop's local-memory accesses (register spills) as
     bank passes on the L1/shared data path (a sensitivity: the model otherwise charges them issue
@@ -144,14 +188,18 @@ def peer_launches(shape: Shape, card: Card | None = None, data: dict | None = No
     v100 = v100 or load_v100()
     p = plan(shape)
     if p["variant"] not in data["variant"]:
-        raise KeyError(f"peer {NAME}: no recorded variant {p['variant']} for {shape.label} "
-                       f"(recorded: {', '.join(sorted(data['variant']))})")
+        raise KeyError(
+            f"peer {NAME}: no recorded variant {p['variant']} for {shape.label} "
+            f"(recorded: {', '.join(sorted(data['variant']))})"
+        )
     var = data["variant"][p["variant"]]
     loop = mix(var["loop"]["model_mix"])
     if spills_on_l1:
         loop = replace(loop, shared_passes=loop.shared_passes + var["loop"]["local_passes"])
-    kinds = {"work": CtaKind(loop, (), mix(var["outside"]["model_mix"]), var["outside"]["load_rounds"]),
-             "idle": CtaKind(LoopMix(), (), LoopMix(), search_rounds(shape.b))}
+    kinds = {
+        "work": CtaKind(loop, (), mix(var["outside"]["model_mix"]), var["outside"]["load_rounds"]),
+        "idle": CtaKind(LoopMix(), (), LoopMix(), search_rounds(shape.b)),
+    }
     its = cta_iterations(shape, p)
     order = [("idle", 0) if n is None else ("work", n) for n in its]
     d, tokens = shape.d, shape.b * shape.q
@@ -161,8 +209,9 @@ def peer_launches(shape: Shape, card: Card | None = None, data: dict | None = No
     launches = [launch_of(var["kernel"], runs(kinds, order), var, qo + kv + (partials if partials else qo), v100)]
     if p["reduce"]:
         red = data["variant"][p["reduce"]]
-        kind = CtaKind(LoopMix(), (0,) * (tokens * shape.hq), mix(red["outside"]["model_mix"]),
-                       red["outside"]["load_rounds"])
+        kind = CtaKind(
+            LoopMix(), (0,) * (tokens * shape.hq), mix(red["outside"]["model_mix"]), red["outside"]["load_rounds"]
+        )
         launches.append(launch_of(red["kernel"], [kind], red, partials + qo, v100))
     p["ctas"] = len(its)
     p["idle_ctas"] = sum(n is None for n in its)
@@ -176,21 +225,33 @@ def peer_estimate(shape: Shape, card: Card, data: dict | None = None, v100: dict
     (the main loop's FP32 instructions alone: what no bank-conflict or spill assumption changes)
     and the spills-on-L1 sensitivity."""
     if shape.decode:
-        raise EnvironmentProblem(f"--peer: {shape.label}: the peer's model has no decode rows (decode=); "
-                                 f"give it the prefill shape alone")
+        raise EnvironmentProblem(
+            f"--peer: {shape.label}: the peer's model has no decode rows (decode=); give it the prefill shape alone"
+        )
     data = data or load_data(DATA)
     v100 = v100 or load_v100()
     launches, p = peer_launches(shape, card, data, v100)
     details = [estimate_launch(x, card, v100) for x in launches]
-    fp32_only = [replace(x, loop=LoopMix(fp32=x.loop.fp32), more=tuple(replace(k, loop=LoopMix(fp32=k.loop.fp32))
-                                                                     for k in x.more)) for x in launches]
+    fp32_only = [
+        replace(
+            x, loop=LoopMix(fp32=x.loop.fp32), more=tuple(replace(k, loop=LoopMix(fp32=k.loop.fp32)) for k in x.more)
+        )
+        for x in launches
+    ]
     spills, _ = peer_launches(shape, card, data, v100, spills_on_l1=True)
-    return {"peer": NAME, "label": shape.label, "plan": p, "card": {"sms": card.sms, "clock_mhz": card.clock_mhz},
-            "model_ms": sum(x["ms"] for x in details),
-            "bound_ms": sum(lower_bound(x, card, v100)["ms"] for x in launches),
-            "fp32_bound_ms": sum(lower_bound(x, card, v100)["ms"] for x in fp32_only),
-            "model_ms_spills_on_l1": sum(estimate_launch(x, card, v100)["ms"] for x in spills),
-            "binding": details[0]["binding"], "launches": details, "tensor_cores": False}
+    return {
+        "peer": NAME,
+        "label": shape.label,
+        "plan": p,
+        "card": {"sms": card.sms, "clock_mhz": card.clock_mhz},
+        "model_ms": sum(x["ms"] for x in details),
+        "bound_ms": sum(lower_bound(x, card, v100)["ms"] for x in launches),
+        "fp32_bound_ms": sum(lower_bound(x, card, v100)["ms"] for x in fp32_only),
+        "model_ms_spills_on_l1": sum(estimate_launch(x, card, v100)["ms"] for x in spills),
+        "binding": details[0]["binding"],
+        "launches": details,
+        "tensor_cores": False,
+    }
 
 
 def render(rows: list[dict], predictions: list[dict] = ()) -> str:
@@ -201,21 +262,51 @@ def render(rows: list[dict], predictions: list[dict] = ()) -> str:
     ours = {}
     for p in predictions:
         ours.setdefault(p["label"], []).append(p)
-    cells = [[e["label"], f"{e['plan']['mode']} {e['plan']['variant']}", e["plan"]["ctas"], f"{e['fp32_bound_ms']:.3f}",
-              f"{e['bound_ms']:.3f}", f"{e['model_ms']:.3f}", f"{e['model_ms_spills_on_l1']:.3f}", e["binding"],
-              ", ".join(f"{p['route']} {e['model_ms'] / p['model_ms']:.2f}x" for p in ours.get(e["label"], [])) or "-"]
-             for e in rows]
+    cells = [
+        [
+            e["label"],
+            f"{e['plan']['mode']} {e['plan']['variant']}",
+            e["plan"]["ctas"],
+            f"{e['fp32_bound_ms']:.3f}",
+            f"{e['bound_ms']:.3f}",
+            f"{e['model_ms']:.3f}",
+            f"{e['model_ms_spills_on_l1']:.3f}",
+            e["binding"],
+            ", ".join(f"{p['route']} {e['model_ms'] / p['model_ms']:.2f}x" for p in ours.get(e["label"], [])) or "-",
+        ]
+        for e in rows
+    ]
     src = load_data(DATA)["source"]
     card = rows[0]["card"] if rows else {"sms": "-", "clock_mhz": "-"}
-    head = (f"Peer {NAME}: vLLM {src['vllm']}'s TRITON_ATTN on capability 7.0 (Triton {src['triton']}, ptxas "
-            f"{src['ptxas']}), model estimates of a kernel WITHOUT tensor cores (tl.dot -> FFMA), uncalibrated, "
-            f"{card['sms']} SMs at {card['clock_mhz']:g} MHz. FP32 bound: its FP32 instructions alone; "
-            f"spills on L1: local memory charged on the shared-memory path. docs/peer-vllm-triton.md.")
-    return "\n".join([head, table(cells, ["shape", "grid", "CTAs", "FP32 bound ms", "bound ms", "model ms",
-                                            "spills on L1 ms", "binding", "peer model / route model"])])
+    head = (
+        f"Peer {NAME}: vLLM {src['vllm']}'s TRITON_ATTN on capability 7.0 (Triton {src['triton']}, ptxas "
+        f"{src['ptxas']}), model estimates of a kernel WITHOUT tensor cores (tl.dot -> FFMA), uncalibrated, "
+        f"{card['sms']} SMs at {card['clock_mhz']:g} MHz. FP32 bound: its FP32 instructions alone; "
+        f"spills on L1: local memory charged on the shared-memory path. docs/peer-vllm-triton.md."
+    )
+    return "\n".join(
+        [
+            head,
+            table(
+                cells,
+                [
+                    "shape",
+                    "grid",
+                    "CTAs",
+                    "FP32 bound ms",
+                    "bound ms",
+                    "model ms",
+                    "spills on L1 ms",
+                    "binding",
+                    "peer model / route model",
+                ],
+            ),
+        ]
+    )
 
 
 # --- Extraction ---------------------------------------------------------------------------------
+
 
 def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     """One compiled variant read with the pipeline our kernels go through: resources, the main
@@ -227,54 +318,86 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     (ptx,) = sass.parse_ptxas_log(ptxas_log).values()
     loop = function.main_loop()
     if loop is not None and len(loop.instrs) <= len(function.instrs) // 4:
-        loop = None          # only a small loop (reduce_segments' sequence search): no main loop
-    if loop is not None and any(loop.start <= lp.start and lp.end <= loop.end and (lp.start, lp.end) != (loop.start, loop.end)
-                                for lp in function.loops()):
+        loop = None  # only a small loop (reduce_segments' sequence search): no main loop
+    if loop is not None and any(
+        loop.start <= lp.start and lp.end <= loop.end and (lp.start, lp.end) != (loop.start, loop.end)
+        for lp in function.loops()
+    ):
         raise ValueError(f"{cubin}: the main loop at {loop.start:#x} has inner loops: trip counts unknown")
     inside = {i.addr for i in loop.instrs} if loop else set()
-    out = {"registers": res.registers, "stack": res.stack, "spill_stores": ptx.spill_stores,
-           "spill_loads": ptx.spill_loads, "static_instructions": len(function.instrs),
-           "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside])}
+    out = {
+        "registers": res.registers,
+        "stack": res.stack,
+        "spill_stores": ptx.spill_stores,
+        "spill_loads": ptx.spill_loads,
+        "static_instructions": len(function.instrs),
+        "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside]),
+    }
     out["outside"]["model_mix"] = {k: v for k, v in out["outside"]["model_mix"].items() if k != "load_use_gaps"}
     if loop is not None:
         counts, m = sass_mix.mix_of(loop.instrs)
         local = [i.op for i in loop.instrs if sass_mix.base(i.op) in ("LDL", "STL")]
-        out["loop"] = {"start": loop.start, "end": loop.end, "instructions": len(loop.instrs), "mix": counts,
-                       "model_mix": {**vars(m), "load_use_gaps": list(m.load_use_gaps)},
-                       "local_passes": sum(access_passes(sass_mix.access_bytes(op)) for op in local)}
+        out["loop"] = {
+            "start": loop.start,
+            "end": loop.end,
+            "instructions": len(loop.instrs),
+            "mix": counts,
+            "model_mix": {**vars(m), "load_use_gaps": list(m.load_use_gaps)},
+            "local_passes": sum(access_passes(sass_mix.access_bytes(op)) for op in local),
+        }
     return out
 
 
 def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
     """Compile every variant with ``python`` (an environment with vLLM's Triton) and read it."""
-    from .vllm_sdist import extract_vllm_sources, vllm_release
     from .project import Project
+    from .vllm_sdist import extract_vllm_sources, vllm_release
 
     project = Project.find()
     release = vllm_release(project)
     if vllm_src is None:
         vllm_src = extract_vllm_sources(project, out_dir / "vllm")
-    subprocess.run([str(python), str(Path(peer_compile.__file__)), "--vllm-src", str(vllm_src), "--out",
-                    str(out_dir)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(python), str(Path(peer_compile.__file__)), "--vllm-src", str(vllm_src), "--out", str(out_dir)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     compiled = json.loads((out_dir / "compile.json").read_text())
     tool = toolchain.find_cuda12_binutil("cuobjdump")
     version = subprocess.run([str(tool), "--version"], capture_output=True, text=True).stdout.split("release ")[-1]
     variants = {}
     for name, meta in compiled["variants"].items():
         kernel, d, hq, hkv, mode, tile = peer_compile.VARIANTS[name]
-        var = {"kernel": kernel, "head_dim": d, "q_heads": hq, "kv_heads": hkv, "mode": mode, "tile_size": tile,
-               "num_warps": meta["num_warps"], "shared": meta["shared"], "constexprs": meta["constexprs"],
-               "divisible_by_16": meta["divisible_by_16"]}
+        var = {
+            "kernel": kernel,
+            "head_dim": d,
+            "q_heads": hq,
+            "kv_heads": hkv,
+            "mode": mode,
+            "tile_size": tile,
+            "num_warps": meta["num_warps"],
+            "shared": meta["shared"],
+            "constexprs": meta["constexprs"],
+            "divisible_by_16": meta["divisible_by_16"],
+        }
         var.update(analyse(out_dir / f"{name}.cubin", (out_dir / f"{name}.ptxas.log").read_text(), tool))
         variants[name] = var
-    return {"source": {
-        "vllm": release["version"], "vllm_sdist_sha256": release["sha256"],
-        "vllm_files": [f"vllm/v1/attention/ops/{m}.py" for m in peer_compile.MODULES] +
-                      ["vllm/v1/attention/backends/triton_attn.py"],
-        "triton": compiled["triton"], "ptxas": compiled["ptxas_version"],
-        "cuobjdump": version.split(",")[0].strip(), "target": compiled["target"],
-        "triton_pin": TRITON_PIN, "environment": ENVIRONMENT, "command": COMMAND},
-        "variant": variants}
+    return {
+        "source": {
+            "vllm": release["version"],
+            "vllm_sdist_sha256": release["sha256"],
+            "vllm_files": [f"vllm/v1/attention/ops/{m}.py" for m in peer_compile.MODULES]
+            + ["vllm/v1/attention/backends/triton_attn.py"],
+            "triton": compiled["triton"],
+            "ptxas": compiled["ptxas_version"],
+            "cuobjdump": version.split(",")[0].strip(),
+            "target": compiled["target"],
+            "triton_pin": TRITON_PIN,
+            "environment": ENVIRONMENT,
+            "command": COMMAND,
+        },
+        "variant": variants,
+    }
 
 
 def write(data: dict, path: Path) -> None:
@@ -324,9 +447,11 @@ def main(argv=None) -> int:
     data = tomllib.loads(args.data.read_text()) if args.data else None
     for shape in parse_shapes(args.shapes):
         e = peer_estimate(shape, Card(args.sms, args.clock_mhz), data)
-        print(f"{e['label']}: {e['plan']['mode']} {e['plan']['variant']}: model {e['model_ms']:.3f} ms "
-              f"(bound {e['bound_ms']:.3f}, FP32 bound {e['fp32_bound_ms']:.3f}, spills on L1 "
-              f"{e['model_ms_spills_on_l1']:.3f}; binding {e['binding']})")
+        print(
+            f"{e['label']}: {e['plan']['mode']} {e['plan']['variant']}: model {e['model_ms']:.3f} ms "
+            f"(bound {e['bound_ms']:.3f}, FP32 bound {e['fp32_bound_ms']:.3f}, spills on L1 "
+            f"{e['model_ms_spills_on_l1']:.3f}; binding {e['binding']})"
+        )
     return 0
 
 

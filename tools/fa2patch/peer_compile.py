@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Compile vLLM's TRITON_ATTN kernels for capability 7.0 offline, as vLLM's launch would.
 
 Run by ``python -m fa2patch.peer extract`` with the Python of an environment that has the Triton
@@ -33,10 +34,10 @@ import tempfile
 import types
 from pathlib import Path
 
-BLOCK_SIZE = 16          # vLLM's paged KV block size on this path
-NUM_SEGMENTS = 16        # NUM_PAR_SOFTMAX_SEGMENTS (64 only on capability 12.0)
+BLOCK_SIZE = 16  # vLLM's paged KV block size on this path
+NUM_SEGMENTS = 16  # NUM_PAR_SOFTMAX_SEGMENTS (64 only on capability 12.0)
 MAX_BLOCKS_PER_SEQ = 8192  # block_table.stride(0): max_model_len 131072 / 16 (only its divisibility matters)
-FP8_E4M3_MAX = 448.0     # torch.finfo(torch.float8_e4m3fn).max: FP8_MIN/FP8_MAX defaults (unused: USE_FP8 off)
+FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max: FP8_MIN/FP8_MAX defaults (unused: USE_FP8 off)
 
 # name: (kernel, head_dim, query heads, KV heads, 2D or 3D, KV tile). The tile is _get_tile_size's:
 # 32 for the 2D (prefill) path, 16 for the 3D (decode) path with 2-byte elements.
@@ -58,22 +59,30 @@ def block_m(group: int) -> int:
 
 def _stand_ins(triton, tl):
     """Modules that the two kernel files import at module level, as far as they use them."""
+
     class Platform:
-        def fp8_dtype(self):   # CUDA's FP8 type; a name only where torch is not installed
+        def fp8_dtype(self):  # CUDA's FP8 type; a name only where torch is not installed
             return __import__("torch").float8_e4m3fn if "torch" not in mods else "float8_e4m3fn"
 
     class Finfo:
         def __init__(self, dtype):
             self.min, self.max = -FP8_E4M3_MAX, FP8_E4M3_MAX
 
-    quant = enum.IntEnum("KVQuantMode", {"NONE": 0, "FP8_PER_TENSOR": 1, "INT8_PER_TOKEN_HEAD": 2,
-                                         "FP8_PER_TOKEN_HEAD": 3, "INT4_PER_TOKEN_HEAD": 4})
-    mods = {"vllm": {}, "vllm.envs": {"VLLM_BATCH_INVARIANT": False},
-            "vllm.logger": {"init_logger": logging.getLogger},
-            "vllm.platforms": {"current_platform": Platform()},
-            "vllm.triton_utils": {"triton": triton, "tl": tl},
-            "vllm.v1": {}, "vllm.v1.attention": {}, "vllm.v1.attention.ops": {},
-            "vllm.v1.kv_cache_interface": {"KVQuantMode": quant}}
+    quant = enum.IntEnum(
+        "KVQuantMode",
+        {"NONE": 0, "FP8_PER_TENSOR": 1, "INT8_PER_TOKEN_HEAD": 2, "FP8_PER_TOKEN_HEAD": 3, "INT4_PER_TOKEN_HEAD": 4},
+    )
+    mods = {
+        "vllm": {},
+        "vllm.envs": {"VLLM_BATCH_INVARIANT": False},
+        "vllm.logger": {"init_logger": logging.getLogger},
+        "vllm.platforms": {"current_platform": Platform()},
+        "vllm.triton_utils": {"triton": triton, "tl": tl},
+        "vllm.v1": {},
+        "vllm.v1.attention": {},
+        "vllm.v1.attention.ops": {},
+        "vllm.v1.kv_cache_interface": {"KVQuantMode": quant},
+    }
     if importlib.util.find_spec("torch") is None:
         mods["torch"] = {"finfo": Finfo}
     return mods
@@ -98,7 +107,7 @@ def load_kernels(vllm_src: Path) -> dict:
         sys.modules[full] = mod
         spec.loader.exec_module(mod)
         out[name] = mod
-    if "torch" in stand_ins:       # Triton's binder checks torch.Tensor when a torch module is loaded
+    if "torch" in stand_ins:  # Triton's binder checks torch.Tensor when a torch module is loaded
         del sys.modules["torch"]
     return out["triton_unified_attention"]
 
@@ -117,6 +126,7 @@ _DTYPES = {name: _Dtype(name) for name in ("float16", "float32", "int32")}
 
 class _Tensor:
     """What Triton's binder reads of a tensor argument: its dtype and its address."""
+
     def __init__(self, dtype, address=0):
         self.dtype, self.address = _DTYPES[dtype], address
 
@@ -132,37 +142,108 @@ def launch_args(variant: str) -> dict:
     bm = block_m(group)
     f16, f32, i32 = (lambda address=0, t=t: _Tensor(t, address) for t in ("float16", "float32", "int32"))
     if kernel == "reduce_segments":
-        return dict(output_ptr=f16(), segm_output_ptr=f32(), segm_max_ptr=f32(), segm_expsum_ptr=f32(),
-                    seq_lens_ptr=i32(), num_seqs=1, num_query_heads=hq, out_scale_inv=1.0,
-                    output_stride_0=hq * d, output_stride_1=d, block_table_stride=MAX_BLOCKS_PER_SEQ,
-                    TILE_SIZE=tile, HEAD_SIZE=d, HEAD_SIZE_PADDED=d, query_start_len_ptr=i32(),
-                    BLOCK_Q=bm // group, NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS, USE_FP8=False,
-                    FP8_MIN=-FP8_E4M3_MAX, FP8_MAX=FP8_E4M3_MAX)
-    row = 2 * d                                  # K and V views of one (block, kv head, 16, 2*D) cache
+        return dict(
+            output_ptr=f16(),
+            segm_output_ptr=f32(),
+            segm_max_ptr=f32(),
+            segm_expsum_ptr=f32(),
+            seq_lens_ptr=i32(),
+            num_seqs=1,
+            num_query_heads=hq,
+            out_scale_inv=1.0,
+            output_stride_0=hq * d,
+            output_stride_1=d,
+            block_table_stride=MAX_BLOCKS_PER_SEQ,
+            TILE_SIZE=tile,
+            HEAD_SIZE=d,
+            HEAD_SIZE_PADDED=d,
+            query_start_len_ptr=i32(),
+            BLOCK_Q=bm // group,
+            NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS,
+            USE_FP8=False,
+            FP8_MIN=-FP8_E4M3_MAX,
+            FP8_MAX=FP8_E4M3_MAX,
+        )
+    row = 2 * d  # K and V views of one (block, kv head, 16, 2*D) cache
     strides = (hkv * BLOCK_SIZE * row, row, BLOCK_SIZE * row, 1)
     segm = f32() if is_3d else None
     return dict(
-        output_ptr=f16(), segm_output_ptr=segm, segm_max_ptr=segm, segm_expsum_ptr=segm,
-        query_ptr=f16(), key_cache_ptr=f16(), value_cache_ptr=f16(2 * d), sink_ptr=None,
-        block_tables_ptr=i32(), seq_lens_ptr=i32(), alibi_slopes_ptr=None, qq_bias_ptr=None,
-        k_scale_cache_ptr=None, v_scale_cache_ptr=None,
-        scale=d ** -0.5, q_scale=None, k_scale=f32(), v_scale=f32(), out_scale=1.0, softcap=0,
-        num_query_heads=hq, num_queries_per_kv=group, block_table_stride=MAX_BLOCKS_PER_SEQ,
-        query_stride_0=hq * d, query_stride_1=d, output_stride_0=hq * d, output_stride_1=d, qq_bias_stride_0=0,
-        BLOCK_SIZE=BLOCK_SIZE, TILE_SIZE=tile, HEAD_SIZE=d, HEAD_SIZE_PADDED=d,
-        USE_ALIBI_SLOPES=False, USE_ALIBI_SQRT=False, USE_QQ_BIAS=False, USE_SOFTCAP=False, USE_SINKS=False,
-        SLIDING_WINDOW=0, USE_CAUSAL=True, USE_PER_SEQ_CAUSAL=False, per_seq_causal_ptr=None,
-        USE_MM_PREFIX=False, MAX_MM_RANGES=0, mm_prefix_range_ptr=None, rswa_prefix_lens_ptr=i32(),
-        R_SWA_WINDOW=0, USE_R_SWA=False,
-        stride_k_cache_0=strides[0], stride_k_cache_1=strides[1], stride_k_cache_2=strides[2],
-        stride_k_cache_3=strides[3], stride_v_cache_0=strides[0], stride_v_cache_1=strides[1],
-        stride_v_cache_2=strides[2], stride_v_cache_3=strides[3],
-        stride_ks_blk=None, stride_ks_slot=None, stride_ks_head=None,
-        stride_vs_blk=None, stride_vs_slot=None, stride_vs_head=None,
-        query_start_len_ptr=i32(), BLOCK_Q=bm // group, num_seqs=1, BLOCK_M=bm,
-        NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS if is_3d else 1, USE_FP8=False, IS_3D=is_3d, KV_QUANT_MODE=0,
-        Q_IS_FP8=False, CHUNK_LOOKBACK=-1, CHUNK_SIZE=-1, USE_TD=False, USE_TD_QO=False,
-        MM_PREFIX_CLAMP_SW=False)
+        output_ptr=f16(),
+        segm_output_ptr=segm,
+        segm_max_ptr=segm,
+        segm_expsum_ptr=segm,
+        query_ptr=f16(),
+        key_cache_ptr=f16(),
+        value_cache_ptr=f16(2 * d),
+        sink_ptr=None,
+        block_tables_ptr=i32(),
+        seq_lens_ptr=i32(),
+        alibi_slopes_ptr=None,
+        qq_bias_ptr=None,
+        k_scale_cache_ptr=None,
+        v_scale_cache_ptr=None,
+        scale=d**-0.5,
+        q_scale=None,
+        k_scale=f32(),
+        v_scale=f32(),
+        out_scale=1.0,
+        softcap=0,
+        num_query_heads=hq,
+        num_queries_per_kv=group,
+        block_table_stride=MAX_BLOCKS_PER_SEQ,
+        query_stride_0=hq * d,
+        query_stride_1=d,
+        output_stride_0=hq * d,
+        output_stride_1=d,
+        qq_bias_stride_0=0,
+        BLOCK_SIZE=BLOCK_SIZE,
+        TILE_SIZE=tile,
+        HEAD_SIZE=d,
+        HEAD_SIZE_PADDED=d,
+        USE_ALIBI_SLOPES=False,
+        USE_ALIBI_SQRT=False,
+        USE_QQ_BIAS=False,
+        USE_SOFTCAP=False,
+        USE_SINKS=False,
+        SLIDING_WINDOW=0,
+        USE_CAUSAL=True,
+        USE_PER_SEQ_CAUSAL=False,
+        per_seq_causal_ptr=None,
+        USE_MM_PREFIX=False,
+        MAX_MM_RANGES=0,
+        mm_prefix_range_ptr=None,
+        rswa_prefix_lens_ptr=i32(),
+        R_SWA_WINDOW=0,
+        USE_R_SWA=False,
+        stride_k_cache_0=strides[0],
+        stride_k_cache_1=strides[1],
+        stride_k_cache_2=strides[2],
+        stride_k_cache_3=strides[3],
+        stride_v_cache_0=strides[0],
+        stride_v_cache_1=strides[1],
+        stride_v_cache_2=strides[2],
+        stride_v_cache_3=strides[3],
+        stride_ks_blk=None,
+        stride_ks_slot=None,
+        stride_ks_head=None,
+        stride_vs_blk=None,
+        stride_vs_slot=None,
+        stride_vs_head=None,
+        query_start_len_ptr=i32(),
+        BLOCK_Q=bm // group,
+        num_seqs=1,
+        BLOCK_M=bm,
+        NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS if is_3d else 1,
+        USE_FP8=False,
+        IS_3D=is_3d,
+        KV_QUANT_MODE=0,
+        Q_IS_FP8=False,
+        CHUNK_LOOKBACK=-1,
+        CHUNK_SIZE=-1,
+        USE_TD=False,
+        USE_TD_QO=False,
+        MM_PREFIX_CLAMP_SW=False,
+    )
 
 
 def compile_variant(module, variant: str, out: Path) -> dict:
@@ -180,17 +261,22 @@ def compile_variant(module, variant: str, out: Path) -> dict:
     options, signature, constexprs, attrs = kernel._pack_args(backend, {}, bound, specialization, options)
     log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                                  options=options.__dict__)
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__
+        )
     (out / f"{variant}.cubin").write_bytes(compiled.asm["cubin"])
     (out / f"{variant}.ptx").write_text(compiled.asm["ptx"])
     (out / f"{variant}.ptxas.log").write_text(log.getvalue())
     names = kernel.arg_names
-    return {"kernel": kernel.__name__, "num_warps": compiled.metadata.num_warps,
-            "num_stages": compiled.metadata.num_stages, "shared": compiled.metadata.shared,
-            "constexprs": {names[k[0]]: _plain(v) for k, v in sorted(constexprs.items())},
-            "divisible_by_16": sorted(names[k[0]] for k, v in attrs.items() if ["tt.divisibility", 16] in v),
-            "signature": {k: v for k, v in signature.items() if v != "constexpr"}}
+    return {
+        "kernel": kernel.__name__,
+        "num_warps": compiled.metadata.num_warps,
+        "num_stages": compiled.metadata.num_stages,
+        "shared": compiled.metadata.shared,
+        "constexprs": {names[k[0]]: _plain(v) for k, v in sorted(constexprs.items())},
+        "divisible_by_16": sorted(names[k[0]] for k, v in attrs.items() if ["tt.divisibility", 16] in v),
+        "signature": {k: v for k, v in signature.items() if v != "constexpr"},
+    }
 
 
 def _plain(v):
@@ -205,15 +291,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
-        os.environ["TRITON_CACHE_DIR"] = cache           # a fresh compile: ptxas runs and logs
+        os.environ["TRITON_CACHE_DIR"] = cache  # a fresh compile: ptxas runs and logs
         os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"
         import triton
         from triton import knobs
 
         module = load_kernels(args.vllm_src)
         ptxas = knobs.nvidia.ptxas
-        record = {"triton": triton.__version__, "ptxas": ptxas.path, "ptxas_version": ptxas.version,
-                  "target": "cuda:70", "variants": {v: compile_variant(module, v, args.out) for v in args.variants}}
+        record = {
+            "triton": triton.__version__,
+            "ptxas": ptxas.path,
+            "ptxas_version": ptxas.version,
+            "target": "cuda:70",
+            "variants": {v: compile_variant(module, v, args.out) for v in args.variants},
+        }
     (args.out / "compile.json").write_text(json.dumps(record, indent=1, sort_keys=True))
     print(args.out / "compile.json")
     return 0

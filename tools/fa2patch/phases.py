@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What fused kernels lose between their pipes: one CTA's iteration timed from the SASS.
 
 The pipe model (v100model.LoopMix.pipes) sums each pipe over an iteration as if everything
@@ -31,8 +32,31 @@ from . import sass
 
 SUBPARTITIONS = 4
 _REG = re.compile(r"\bR(\d+)\b")
-NO_RESULT = ("STS", "STG", "STL", "ST", "BAR", "BRA", "BSSY", "BSYNC", "EXIT", "RET", "JMP", "CALL", "NOP",
-             "BMOV", "WARPSYNC", "BREAK", "MEMBAR", "RED", "ATOM", "YIELD", "DEPBAR", "KILL", "BPT")
+NO_RESULT = (
+    "STS",
+    "STG",
+    "STL",
+    "ST",
+    "BAR",
+    "BRA",
+    "BSSY",
+    "BSYNC",
+    "EXIT",
+    "RET",
+    "JMP",
+    "CALL",
+    "NOP",
+    "BMOV",
+    "WARPSYNC",
+    "BREAK",
+    "MEMBAR",
+    "RED",
+    "ATOM",
+    "YIELD",
+    "DEPBAR",
+    "KILL",
+    "BPT",
+)
 CONTROL = ("BRA", "BSSY", "BSYNC", "EXIT", "RET", "JMP", "CALL", "NOP", "BMOV", "WARPSYNC", "BREAK", "YIELD")
 FP32 = ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "FCHK", "FRND", "F2F")
 
@@ -41,6 +65,7 @@ FP32 = ("FADD", "FMUL", "FFMA", "FMNMX", "FSETP", "FSEL", "FCHK", "FRND", "F2F")
 class Timing:
     """How one warp-instruction uses the scheduler: its pipe (or None), the cycles it holds that
     pipe, and the cycles until a reader of its result may issue."""
+
     pipe: str | None
     occupancy: float
     latency: float
@@ -74,7 +99,7 @@ def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
     writes a register pair; a load its width; CS2R a pair."""
     b = base(ins.op)
     fields = ins.args.split(",")
-    if b == "SHFL" and len(fields) > 1:              # SHFL.BFLY PT, R196, R196, 0x8, 0x1f: the result is second
+    if b == "SHFL" and len(fields) > 1:  # SHFL.BFLY PT, R196, R196, 0x8, 0x1f: the result is second
         fields = fields[1:]
     if b in NO_RESULT or not fields or not _REG.search(fields[0]) or fields[0].strip().startswith("["):
         return {int(r) for r in _REG.findall(ins.args)}, set()
@@ -85,7 +110,7 @@ def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
 
 def timing(ins: sass.Instr, v100: dict) -> Timing:
     b = base(ins.op)
-    shared_pass = SUBPARTITIONS / v100["shared_passes_per_clock_per_sm"]   # cycles of one scheduler's share
+    shared_pass = SUBPARTITIONS / v100["shared_passes_per_clock_per_sm"]  # cycles of one scheduler's share
     lds = v100["dependent_lds_cycles"]
     if b == "HMMA":
         steps_per_mma = 4 if ".F32" in ins.op else 2
@@ -118,10 +143,11 @@ def barrier_threads(ins: sass.Instr) -> int | None:
 class Warp:
     """One warp's place in the code, when its registers may be read, when its last shared store
     lands, and whether it waits at a barrier."""
+
     pc: int = 0
     stores: float = 0.0
     waiting: bool = False
-    hmma: float = 0.0               # the earliest its next HMMA step may issue
+    hmma: float = 0.0  # the earliest its next HMMA step may issue
 
     def __post_init__(self):
         self.ready: dict[int, float] = {}
@@ -164,7 +190,7 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
             if best_t is None or t < best_t:
                 best, best_t = w, t
         if best is None:
-            if arrived:                          # everyone waits at a CTA barrier: release them
+            if arrived:  # everyone waits at a CTA barrier: release them
                 release = max(arrived)
                 for w in ws:
                     w.waiting = False
@@ -234,6 +260,15 @@ def serial_runs(instrs: list[sass.Instr], shortest: int = 16) -> list[dict]:
             continue
         run = [instrs[(first + k) % len(instrs)] for k in range(n)]
         count = lambda name: sum(1 for i in run if base(i.op) == name)  # noqa: E731
-        out.append({"start": first, "instructions": n, "shuffles": count("SHFL"), "barriers": count("BAR"),
-                    "mufu": count("MUFU"), "shared_stores": count("STS"), "shared_loads": count("LDS")})
+        out.append(
+            {
+                "start": first,
+                "instructions": n,
+                "shuffles": count("SHFL"),
+                "barriers": count("BAR"),
+                "mufu": count("MUFU"),
+                "shared_stores": count("STS"),
+                "shared_loads": count("LDS"),
+            }
+        )
     return sorted(out, key=lambda r: -r["instructions"])

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Routing profiles (format 1; README "Tuning routing for your card"):
 the decisions `fa2patch tune` derives from its measurements, and the Python validator of a
 profile file (``tune --check``, tests). The extension reads the same files (patch 0004).
@@ -26,7 +27,7 @@ from .errors import CheckFailed
 from .routes import EXACT, GQA, SPLITKV
 
 FORMAT = "fa2patch-routing-profile/1"
-ROUTES = (EXACT, GQA)                     # the names a decision may carry (build_info()'s route names)
+ROUTES = (EXACT, GQA)  # the names a decision may carry (build_info()'s route names)
 TOP_LEVEL = {"format", "device", "extension_sha256", "software", "clocks_seen", "measured", "decisions"}
 REQUIRED = ("format", "device", "extension_sha256", "decisions")
 DEVICE_KEYS = ("name", "sms", "capability")
@@ -46,6 +47,7 @@ class ProfileRefused(CheckFailed):
 
 
 # --- deciding ------------------------------------------------------------------------------------
+
 
 def table_route(route: str, splits: int) -> str:
     """The name tune's table and route_stats() use: the exact route with splits > 1 is sm70-dense-splitkv."""
@@ -110,7 +112,7 @@ def decisions(measured: list[dict], rows_per_cta: int, max_model_len: int) -> li
         labelled = []
         for kv, rows in by_kv.items():
             if not any(r["route"] == EXACT and r.get("splits", 1) == 1 and r.get("ok") for r in rows):
-                continue      # no exact-route measurement: nothing to compare with, no decision
+                continue  # no exact-route measurement: nothing to compare with, no decision
             w = winner(rows)
             labelled.append((kv, (w["route"], w["splits"])))
         qlo, qhi = q_range(q, rows_per_cta)
@@ -123,6 +125,7 @@ def decisions(measured: list[dict], rows_per_cta: int, max_model_len: int) -> li
 
 
 # --- validating ----------------------------------------------------------------------------------
+
 
 def load(path: Path) -> dict:
     """The profile's JSON object, or ProfileRefused (unreadable, invalid_json)."""
@@ -146,19 +149,25 @@ def validate(doc, where: str = "profile", device: dict | None = None, sha256: st
         raise ProfileRefused("wrong_format", f"{where}: format: expected {FORMAT!r}, actual {doc.get('format')!r}")
     unknown = sorted(set(doc) - TOP_LEVEL)
     if unknown:
-        raise ProfileRefused("unknown_key", f"{where}: unknown key(s) {', '.join(unknown)} (known: "
-                                            f"{', '.join(sorted(TOP_LEVEL))})")
+        raise ProfileRefused(
+            "unknown_key", f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(TOP_LEVEL))})"
+        )
     missing = [k for k in REQUIRED if k not in doc]
     if missing:
         raise ProfileRefused("bad_field", f"{where}: missing {', '.join(missing)}")
     _device(doc["device"], where)
     sha = doc["extension_sha256"]
     if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ProfileRefused("bad_field", f"{where}: extension_sha256: expected 64 lowercase hex digits, actual {sha!r}")
+        raise ProfileRefused(
+            "bad_field", f"{where}: extension_sha256: expected 64 lowercase hex digits, actual {sha!r}"
+        )
     for key, kind in (("software", dict), ("clocks_seen", dict), ("measured", list)):
         if key in doc and not isinstance(doc[key], kind):
-            raise ProfileRefused("bad_field", f"{where}: {key}: expected a JSON {'object' if kind is dict else 'array'}"
-                                              f", actual {type(doc[key]).__name__}")
+            raise ProfileRefused(
+                "bad_field",
+                f"{where}: {key}: expected a JSON {'object' if kind is dict else 'array'}"
+                f", actual {type(doc[key]).__name__}",
+            )
     if not isinstance(doc["decisions"], list):
         raise ProfileRefused("bad_field", f"{where}: decisions: expected an array")
     for i, d in enumerate(doc["decisions"]):
@@ -167,17 +176,20 @@ def validate(doc, where: str = "profile", device: dict | None = None, sha256: st
         dev = doc["device"]
         for key in DEVICE_KEYS:
             if dev[key] != device[key]:
-                raise ProfileRefused("device_mismatch", f"{where}: device {key}: expected {device[key]!r} (this GPU), "
-                                                        f"actual {dev[key]!r} (the profile)")
+                raise ProfileRefused(
+                    "device_mismatch",
+                    f"{where}: device {key}: expected {device[key]!r} (this GPU), actual {dev[key]!r} (the profile)",
+                )
     if sha256 is not None and sha != sha256:
-        raise ProfileRefused("extension_mismatch", f"{where}: extension_sha256: expected {sha256} (the loaded "
-                                                   f"extension), actual {sha} (the profile)")
+        raise ProfileRefused(
+            "extension_mismatch",
+            f"{where}: extension_sha256: expected {sha256} (the loaded extension), actual {sha} (the profile)",
+        )
     return doc
 
 
 def _int(value, low: int, high: int | None = None) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool) and value >= low
-            and (high is None or value <= high))
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
 
 
 def _device(dev, where: str) -> None:
@@ -187,10 +199,13 @@ def _device(dev, where: str) -> None:
     if unknown:
         raise ProfileRefused("unknown_key", f"{where}: device: unknown key(s) {', '.join(unknown)}")
     if not isinstance(dev.get("name"), str) or not dev["name"]:
-        raise ProfileRefused("bad_field", f"{where}: device.name: expected a non-empty string, actual {dev.get('name')!r}")
+        raise ProfileRefused(
+            "bad_field", f"{where}: device.name: expected a non-empty string, actual {dev.get('name')!r}"
+        )
     if not _int(dev.get("sms"), 1, MAX_SMS):
-        raise ProfileRefused("bad_field", f"{where}: device.sms: expected an integer 1..{MAX_SMS}, "
-                                          f"actual {dev.get('sms')!r}")
+        raise ProfileRefused(
+            "bad_field", f"{where}: device.sms: expected an integer 1..{MAX_SMS}, actual {dev.get('sms')!r}"
+        )
     cap = dev.get("capability")
     if not (isinstance(cap, list) and len(cap) == 2 and all(_int(c, 0) for c in cap)):
         raise ProfileRefused("bad_field", f"{where}: device.capability: expected [major, minor], actual {cap!r}")
@@ -208,8 +223,9 @@ def _decision(d, where: str) -> None:
     for key in ("q", "kv"):
         r = d.get(key)
         if not (isinstance(r, list) and len(r) == 2 and all(_int(x, 0, MAX_RANGE_END) for x in r) and r[0] < r[1]):
-            raise ProfileRefused("bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi <= 2^62, "
-                                              f"actual {r!r}")
+            raise ProfileRefused(
+                "bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi <= 2^62, actual {r!r}"
+            )
     route = d.get("route")
     if not isinstance(route, str):
         raise ProfileRefused("bad_field", f"{where}.route: expected a string, actual {route!r}")
@@ -219,8 +235,9 @@ def _decision(d, where: str) -> None:
         if route != EXACT:
             raise ProfileRefused("bad_field", f"{where}.splits: allowed only with route {EXACT!r}, not {route!r}")
         if not _int(d["splits"], 1, MAX_SPLITS):
-            raise ProfileRefused("bad_field", f"{where}.splits: expected an integer 1..{MAX_SPLITS}, "
-                                              f"actual {d['splits']!r}")
+            raise ProfileRefused(
+                "bad_field", f"{where}.splits: expected an integer 1..{MAX_SPLITS}, actual {d['splits']!r}"
+            )
 
 
 def check_file(path: Path, device: dict | None = None, sha256: str | None = None) -> dict:
@@ -231,10 +248,14 @@ def check_file(path: Path, device: dict | None = None, sha256: str | None = None
 def summary(doc: dict) -> str:
     """One paragraph: the device, the extension and the decisions as a table."""
     dev = doc["device"]
-    lines = [f"profile for {dev['name']} ({dev['sms']} SMs, capability {dev['capability'][0]}.{dev['capability'][1]}), "
-             f"extension sha256 {doc['extension_sha256'][:16]}..., {len(doc['decisions'])} decision(s)"]
+    lines = [
+        f"profile for {dev['name']} ({dev['sms']} SMs, capability {dev['capability'][0]}.{dev['capability'][1]}), "
+        f"extension sha256 {doc['extension_sha256'][:16]}..., {len(doc['decisions'])} decision(s)"
+    ]
     for d in doc["decisions"]:
         route = table_route(d["route"], d.get("splits", 1))
-        lines.append(f"  group {d['group']}, D={d['head_dim']}, Q [{d['q'][0]}, {d['q'][1]}), "
-                     f"KV [{d['kv'][0]}, {d['kv'][1]}): {route}{' x' + str(d['splits']) if d.get('splits', 1) > 1 else ''}")
+        lines.append(
+            f"  group {d['group']}, D={d['head_dim']}, Q [{d['q'][0]}, {d['q'][1]}), "
+            f"KV [{d['kv'][0]}, {d['kv'][1]}): {route}{' x' + str(d['splits']) if d.get('splits', 1) > 1 else ''}"
+        )
     return "\n".join(lines)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Where things live: the project root (the folder holding baseline.lock) and its paths."""
 
 import os
@@ -34,8 +35,7 @@ class Project:
             if (candidate / LOCK_NAME).is_file():
                 return cls(candidate)
         raise EnvironmentProblem(
-            f"{here}: no {LOCK_NAME} here or in any parent folder; run fa2patch inside the "
-            "project or set FA2PATCH_ROOT"
+            f"{here}: no {LOCK_NAME} here or in any parent folder; run fa2patch inside the project or set FA2PATCH_ROOT"
         )
 
     @property

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """FP32 reference attention, written here, for smoke tests and the GPU suite.
 
 Semantics follow FA2's forward: causal masks are bottom-right aligned when seqlen_q differs
@@ -14,8 +15,9 @@ import torch
 from . import numerics
 
 
-def attention_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  compute_dtype=torch.float32):
+def attention_ref(
+    q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None, compute_dtype=torch.float32
+):
     """One sequence: q [sq, hq, d], k/v [sk, hk, d] -> (out [sq, hq, d], lse [hq, sq]).
 
     ``compute_dtype=torch.float16`` gives the "fp16 torch" result of FA2's criterion.
@@ -52,8 +54,18 @@ def attention_ref(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0, al
     return out.float(), lse.float()
 
 
-def attention_ref_chunked(q, k, v, scale, causal=False, window=(-1, -1), softcap=0.0,
-                          alibi_slopes=None, compute_dtype=torch.float32, max_elems=1 << 28):
+def attention_ref_chunked(
+    q,
+    k,
+    v,
+    scale,
+    causal=False,
+    window=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    compute_dtype=torch.float32,
+    max_elems=1 << 28,
+):
     """attention_ref in chunks of query rows, so that no score block exceeds ``max_elems``.
 
     Needs a right window of 0 (causal) when it chunks: rows [r0, r1) then see only the keys
@@ -61,8 +73,7 @@ def attention_ref_chunked(q, k, v, scale, causal=False, window=(-1, -1), softcap
     (the offset becomes r0 + sk - sq) and every key's index (ALiBi is unchanged)."""
     sq, hq, d = q.shape
     sk = k.shape[0]
-    kw = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-              compute_dtype=compute_dtype)
+    kw = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes, compute_dtype=compute_dtype)
     rows = max(1, max_elems // max(1, hq * sk))
     if rows >= sq:
         return attention_ref(q, k, v, scale, **kw)
@@ -91,5 +102,10 @@ def compare(out, ref, out_fp16_torch) -> dict:
     bar = numerics.fa2_bar(fp16_err.max().item() if fp16_err.numel() else 0.0)
     max_abs = diff.max().item() if diff.numel() else 0.0
     finite = bool(torch.isfinite(out.float()).all())
-    return {"max_abs": max_abs, "rel_l2": rel_l2, "bar": bar, "finite": finite,
-            "ok": numerics.meets_contract(max_abs, bar, rel_l2, finite)}
+    return {
+        "max_abs": max_abs,
+        "rel_l2": rel_l2,
+        "bar": bar,
+        "finite": finite,
+        "ok": numerics.meets_contract(max_abs, bar, rel_l2, finite),
+    }

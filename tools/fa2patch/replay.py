@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Replay: pristine archive -> git workspace with one deterministic commit per patch.
 
 Atomic: everything happens in a temporary folder beside the workspace, which is moved into
@@ -50,29 +51,41 @@ def workspace_state(workspace: Path, lock: Lock) -> str:
         return f"{workspace}: uncommitted changes ({len(dirty)} paths, first: {dirty[0].strip()})"
     recorded = gitws.recorded_series(repo)
     if recorded is None or recorded[0] != lock.series_fingerprint():
-        return (f"{workspace}: made from another lock (series fingerprint)\n"
-                f"  expected: {lock.series_fingerprint()}\n  actual:   {recorded and recorded[0]}"
-                "\n  (export it first, or replay with --force)")
+        return (
+            f"{workspace}: made from another lock (series fingerprint)\n"
+            f"  expected: {lock.series_fingerprint()}\n  actual:   {recorded and recorded[0]}"
+            "\n  (export it first, or replay with --force)"
+        )
     if recorded[1] != repo.head.commit.hexsha:
-        return (f"{workspace}: commits since the last replay or export\n  expected HEAD: "
-                f"{recorded[1]}\n  actual HEAD:   {repo.head.commit.hexsha}\n  (export them first, "
-                "or replay with --force)")
+        return (
+            f"{workspace}: commits since the last replay or export\n  expected HEAD: "
+            f"{recorded[1]}\n  actual HEAD:   {repo.head.commit.hexsha}\n  (export them first, "
+            "or replay with --force)"
+        )
     digest = tree_digest(workspace)
     if digest != lock.final_digest():
         return mismatch("tree digest", str(workspace), lock.final_digest(), digest)
     return "matching"
 
 
-def replay(lock: Lock, patches_dir: Path, workspace: Path, force: bool = False,
-           sdist: Path | None = None, echo=lambda msg: None) -> str:
+def replay(
+    lock: Lock,
+    patches_dir: Path,
+    workspace: Path,
+    force: bool = False,
+    sdist: Path | None = None,
+    echo=lambda msg: None,
+) -> str:
     """Build the workspace; return 'created', 'replaced' or 'unchanged'."""
     patches = load_patches(lock, patches_dir)  # fail on tampered patches before any work
     state = workspace_state(workspace, lock)
     if state == "matching" and not force:
         return "unchanged"
     if state not in ("absent", "matching") and not force:
-        raise CheckFailed(f"refusing to replace the workspace: {state}\n  (use --force to "
-                          "discard it and replay from the pristine archive)")
+        raise CheckFailed(
+            f"refusing to replace the workspace: {state}\n  (use --force to "
+            "discard it and replay from the pristine archive)"
+        )
     archive = fetch(lock, sdist=sdist)
 
     workspace.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +113,7 @@ def _check_baseline_fields(lock: Lock, archive: Path, tree: Path, files: int) ->
     if normalize_name(meta["Name"]) != normalize_name(b.project):
         raise CheckFailed(mismatch("project (the archive's PKG-INFO Name)", where, meta["Name"], b.project))
     if meta["Version"] != b.version:
-        raise CheckFailed(mismatch("version (the archive's PKG-INFO Version)", where, meta["Version"],
-                                   b.version))
+        raise CheckFailed(mismatch("version (the archive's PKG-INFO Version)", where, meta["Version"], b.version))
     if files != b.files:
         raise CheckFailed(mismatch("files (extracted files and links)", where, files, b.files))
 
@@ -113,11 +125,12 @@ def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
     _check_baseline_fields(lock, archive, tmp, files)
     digest = tree_digest(tmp)
     if digest != b.tree_digest:
-        raise CheckFailed(mismatch("extracted tree digest", str(archive), b.tree_digest, digest)
-                          + f"\n  (expected: {lock.path} [baseline] tree_digest)")
+        raise CheckFailed(
+            mismatch("extracted tree digest", str(archive), b.tree_digest, digest)
+            + f"\n  (expected: {lock.path} [baseline] tree_digest)"
+        )
     repo = gitws.init_repo(tmp)
-    gitws.commit_all(repo, f"{b.project} {b.version} (pristine)\n\n{gitws.PRISTINE_TRAILER}\n",
-                     lock.identity)
+    gitws.commit_all(repo, f"{b.project} {b.version} (pristine)\n\n{gitws.PRISTINE_TRAILER}\n", lock.identity)
     for (path, patch), entry in zip(patches, lock.patches):
         echo(f"apply {path.name}")
         diff_file = tmp / ".git" / "fa2patch-apply.diff"
@@ -126,13 +139,13 @@ def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
             # git apply never fuzzes: every context line must match exactly.
             repo.git.apply("--index", "--whitespace=nowarn", "-p1", str(diff_file))
         except git.GitCommandError as exc:
-            raise CheckFailed(f"{path}: does not apply cleanly to the tree after the previous "
-                              f"patches:\n{exc.stderr.strip()}") from exc
+            raise CheckFailed(
+                f"{path}: does not apply cleanly to the tree after the previous patches:\n{exc.stderr.strip()}"
+            ) from exc
         finally:
             diff_file.unlink()
         digest = tree_digest(tmp)
         if digest != entry.tree_digest:
-            raise CheckFailed(mismatch("tree digest after the patch", str(path),
-                                       entry.tree_digest, digest))
+            raise CheckFailed(mismatch("tree digest after the patch", str(path), entry.tree_digest, digest))
         gitws.commit_all(repo, patch.message, lock.identity)
     gitws.record_series(repo, lock.series_fingerprint())

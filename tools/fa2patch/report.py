@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """report: a static V100 performance report of the SM70 kernels, read from the sm_70 cubin.
 
 Per kernel (``kernel_rows``): registers, stack and local-memory bytes (``cuobjdump
@@ -54,24 +55,34 @@ def route_geometry(build_info: dict, artifact: Path, route: str = routes.EXACT) 
         raise EnvironmentProblem(
             f"{artifact}: build_info() declares no kernel of route {route}: its kernel entries have the fields "
             f"{', '.join(fields) or 'none'}; report needs route, {', '.join(GEOMETRY)} on each attention kernel "
-            f"(rebuild from a patch series whose build_info() exports the kernel geometry)")
+            f"(rebuild from a patch series whose build_info() exports the kernel geometry)"
+        )
     for k in kernels:
         missing = [f for f in GEOMETRY if not isinstance(k.get(f), int)]
         if route == routes.GQA:
             kinds = {t.get("kind"): t for t in k.get("tiles", [])}
-            missing += [f"tiles[{kind}].{f}" for kind in ("qk", "pv") for f in TILE_FIELDS
-                        if not isinstance(kinds.get(kind, {}).get(f), int)]
+            missing += [
+                f"tiles[{kind}].{f}"
+                for kind in ("qk", "pv")
+                for f in TILE_FIELDS
+                if not isinstance(kinds.get(kind, {}).get(f), int)
+            ]
         if missing:
-            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k.get('kernel')!r} of route {route} lacks "
-                                     f"{', '.join(missing)} (expected integers; got {k})")
+            raise EnvironmentProblem(
+                f"{artifact}: build_info() kernel {k.get('kernel')!r} of route {route} lacks "
+                f"{', '.join(missing)} (expected integers; got {k})"
+            )
         if k.get("threads") != 32 * k["warps"]:
-            raise EnvironmentProblem(f"{artifact}: build_info() kernel {k['kernel']!r}: threads expected "
-                                     f"32 x warps = {32 * k['warps']}, actual {k.get('threads')}")
+            raise EnvironmentProblem(
+                f"{artifact}: build_info() kernel {k['kernel']!r}: threads expected "
+                f"32 x warps = {32 * k['warps']}, actual {k.get('threads')}"
+            )
     return sorted(kernels, key=lambda k: k["head_dim"])
 
 
-def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], geometry: list[dict] | None = None
-                ) -> list[dict]:
+def kernel_rows(
+    artifact: Path, arch: str, launch: dict[str, tuple[int, int]], geometry: list[dict] | None = None
+) -> list[dict]:
     """Per kernel of ``arch`` in ``artifact``: resources, occupancy and hot loops. ``launch`` maps
     a demangled-name glob to (threads per block, dynamic shared bytes); a tensor-core kernel
     without one is an error. ``geometry``: the route kernels' geometry (``route_geometry``): a
@@ -80,8 +91,11 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
     if tool is None:
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
     v100 = load_v100()
-    res = {r.name: r for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact))
-           if r.arch == arch}
+    res = {
+        r.name: r
+        for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact))
+        if r.arch == arch
+    }
     functions = [f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact)) if f.arch == arch]
     pretty = toolchain.demangle([f.name for f in functions])
     out, unlaunched = [], []
@@ -95,28 +109,41 @@ def kernel_rows(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], g
         occ = occupancy(r.registers, r.shared + dynamic, threads, v100) if r and threads else None
         w = max(1, occ["warps_per_sm"] // v100["subpartitions_per_sm"]) if occ else 1
         geo = next((g for g in geometry or [] if sass.kernel_matches(name, sass.name_part_glob(g["kernel"]))), None)
-        cta_w = -(-threads // (32 * v100["subpartitions_per_sm"])) if threads else w   # one CTA's warps per scheduler
+        cta_w = -(-threads // (32 * v100["subpartitions_per_sm"])) if threads else w  # one CTA's warps per scheduler
         hot = [loop_row(lp, v100, w, cta_w) for lp in f.hot_loops()]
         outside = None
-        if geo and "tiles" in geo:     # one kernel, several kinds of tile
+        if geo and "tiles" in geo:  # one kernel, several kinds of tile
             for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
                 row["outside"] = outside_row(code, cta_w, v100)
-        elif geo and hot:              # one kind of CTA: everything outside its hot loops runs once
+        elif geo and hot:  # one kind of CTA: everything outside its hot loops runs once
             inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
             outside = outside_row([i for i in f.instrs if i.addr not in inside], cta_w, v100)
         combine = None
-        if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):   # split-KV's combine
+        if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):  # split-KV's combine
             combine = combine_row(f, threads, occ["blocks_per_sm"], w, cta_w, v100)
-        out.append({
-            "kernel": name, "registers": r.registers if r else None, "stack": r.stack if r else None,
-            "static_shared": r.shared if r else None, "dynamic_shared": dynamic, "local": r.local if r else None,
-            "occupancy": occ, "warps_per_subpartition": w, "hmma_total": f.hmma, "geometry": geo,
-            "hot_loops": hot, "outside": outside, **({"combine": combine} if combine else {}),
-        })
+        out.append(
+            {
+                "kernel": name,
+                "registers": r.registers if r else None,
+                "stack": r.stack if r else None,
+                "static_shared": r.shared if r else None,
+                "dynamic_shared": dynamic,
+                "local": r.local if r else None,
+                "occupancy": occ,
+                "warps_per_subpartition": w,
+                "hmma_total": f.hmma,
+                "geometry": geo,
+                "hot_loops": hot,
+                "outside": outside,
+                **({"combine": combine} if combine else {}),
+            }
+        )
     if unlaunched:
-        raise EnvironmentProblem(f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
-                                 f"tensor-core kernel(s) {', '.join(unlaunched)}: build_info() does not declare "
-                                 f"them and no --launch matches")
+        raise EnvironmentProblem(
+            f"{artifact}: no launch configuration (threads, dynamic shared memory) for the "
+            f"tensor-core kernel(s) {', '.join(unlaunched)}: build_info() does not declare "
+            f"them and no --launch matches"
+        )
     return out
 
 
@@ -127,21 +154,39 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
     Per launch: the model's details, its calibrated time and what limits it once calibrated."""
     model = estimate_route(launches, card, v100)
     cal = estimate_route(launches, card, v100, Calibration(**calibration["parameters"]))
-    details = [{**m, "calibrated_ms": c["ms"], "calibrated_clock_mhz": c["clock_mhz"], "limited_by": c["limited_by"],
-                "bound": lower_bound(x, card, v100)} for x, m, c in zip(launches, model["launches"], cal["launches"])]
-    return {"launches": details, "bound_ms": sum(x["bound"]["ms"] for x in details), "model_ms": model["ms"],
-            "tensor_duty": cal["tensor_duty"], "clock_mhz": cal["clock_mhz"], **with_range(cal["ms"], calibration)}
+    details = [
+        {
+            **m,
+            "calibrated_ms": c["ms"],
+            "calibrated_clock_mhz": c["clock_mhz"],
+            "limited_by": c["limited_by"],
+            "bound": lower_bound(x, card, v100),
+        }
+        for x, m, c in zip(launches, model["launches"], cal["launches"])
+    ]
+    return {
+        "launches": details,
+        "bound_ms": sum(x["bound"]["ms"] for x in details),
+        "model_ms": model["ms"],
+        "tensor_duty": cal["tensor_duty"],
+        "clock_mhz": cal["clock_mhz"],
+        **with_range(cal["ms"], calibration),
+    }
 
 
 def dense_kernel(shape: Shape, kernels: list[dict], artifact: Path) -> dict:
     """The sm70-dense kernel for the shape's head dim (the smallest head_dim >= d)."""
     route = [k for k in kernels if (k.get("geometry") or {}).get("route") == routes.EXACT]
-    kernel = next((k for k in sorted(route, key=lambda k: k["geometry"]["head_dim"])
-                   if k["geometry"]["head_dim"] >= shape.d), None)
+    kernel = next(
+        (k for k in sorted(route, key=lambda k: k["geometry"]["head_dim"]) if k["geometry"]["head_dim"] >= shape.d),
+        None,
+    )
     if kernel is None or shape.d % 8:
         dims = [k["geometry"]["head_dim"] for k in route]
-        raise EnvironmentProblem(f"--shapes: d={shape.d}: {artifact} builds route {routes.EXACT} for head dims "
-                                 f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})")
+        raise EnvironmentProblem(
+            f"--shapes: d={shape.d}: {artifact} builds route {routes.EXACT} for head dims "
+            f"that are multiples of 8 up to {max(dims, default=0)} (kernels: {dims})"
+        )
     return kernel
 
 
@@ -152,8 +197,9 @@ def predict(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibrati
     return prediction(shape, routes.EXACT, kernel, plan, launches, card, v100, calibration)
 
 
-def predict_split(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path,
-                  splits: int) -> dict | None:
+def predict_split(
+    shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path, splits: int
+) -> dict | None:
     """The exact route with ``splits``-way split-KV (exact_route.splitkv_launches), or None where
     routing cannot split the call (fewer than two query rows: decode keeps FA2's own split) or the
     build has no combine kernel."""
@@ -179,8 +225,9 @@ def gqa_kernel_and_plan(shape: Shape, kernels: list[dict], plans: dict, artifact
     return None if plan.get("refused") else (kernel, plan)
 
 
-def predict_gqa(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, plans: dict,
-                artifact: Path) -> dict | None:
+def predict_gqa(
+    shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, plans: dict, artifact: Path
+) -> dict | None:
     """The sm70-gqa-prefill route on ``card`` for ``shape`` (``gqa_kernel_and_plan``), or None."""
     found = gqa_kernel_and_plan(shape, kernels, plans, artifact)
     if found is None:
@@ -191,17 +238,33 @@ def predict_gqa(shape: Shape, kernels: list[dict], card: Card, v100: dict, calib
     return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_route.tile_loops(kernel).items()}}
 
 
-def prediction(shape: Shape, route: str, kernel: dict, plan: dict, launches: list[KernelLaunch], card: Card,
-               v100: dict, calibration: dict) -> dict:
+def prediction(
+    shape: Shape,
+    route: str,
+    kernel: dict,
+    plan: dict,
+    launches: list[KernelLaunch],
+    card: Card,
+    v100: dict,
+    calibration: dict,
+) -> dict:
     est = route_estimate(launches, card, v100, calibration)
     flops = useful_flops(shape)
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
-    return {"label": shape.label, "route": route, "kernel": kernel["geometry"]["kernel"], "plan": plan,
-            "card": {"sms": card.sms, "clock_mhz": card.clock_mhz}, "useful_flops": flops, **est,
-            "tflops_upper_bound": tflops(est["bound_ms"]), "calibrated_tflops": tflops(est["calibrated_ms"]),
-            "calibrated_tflops_low": tflops(est["calibrated_ms_high"]),
-            "calibrated_tflops_high": tflops(est["calibrated_ms_low"]),
-            "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"])}
+    return {
+        "label": shape.label,
+        "route": route,
+        "kernel": kernel["geometry"]["kernel"],
+        "plan": plan,
+        "card": {"sms": card.sms, "clock_mhz": card.clock_mhz},
+        "useful_flops": flops,
+        **est,
+        "tflops_upper_bound": tflops(est["bound_ms"]),
+        "calibrated_tflops": tflops(est["calibrated_ms"]),
+        "calibrated_tflops_low": tflops(est["calibrated_ms_high"]),
+        "calibrated_tflops_high": tflops(est["calibrated_ms_low"]),
+        "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"]),
+    }
 
 
 VERDICT = {"a": "faster", "b": "slower", "not separated": "not separated"}
@@ -213,8 +276,16 @@ def versus(p: dict, other: dict, key: str) -> dict:
     return {key: other["calibrated_ms"] / p["calibrated_ms"], f"{key}_verdict": VERDICT[faster_if_separated(p, other)]}
 
 
-def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calibration: dict, artifact: Path,
-                   splits: tuple = (), gqa_plans: dict | None = None) -> list[dict]:
+def predict_routes(
+    shape: Shape,
+    rows: list[dict],
+    card: Card,
+    v100: dict,
+    calibration: dict,
+    artifact: Path,
+    splits: tuple = (),
+    gqa_plans: dict | None = None,
+) -> list[dict]:
     """The sm70-dense prediction; where the long-prefill op takes the shape, its own with the
     ratio of the dense route's calibrated time to it (``vs_dense``) and whether their ranges
     separate (``vs_dense_verdict``: "faster", "slower" or "not separated"); and for each of
@@ -232,8 +303,9 @@ def predict_routes(shape: Shape, rows: list[dict], card: Card, v100: dict, calib
     return out
 
 
-def route_launches(shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path,
-                   gqa_plans: dict | None = None) -> list[KernelLaunch]:
+def route_launches(
+    shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path, gqa_plans: dict | None = None
+) -> list[KernelLaunch]:
     """The launches of ``route`` (sm70-dense or sm70-gqa-prefill) for a shape on a card: what a
     user's bench case measured (user_anchors.py)."""
     if route == routes.EXACT:
@@ -257,8 +329,15 @@ def read_gqa_plans(artifact: Path, shapes: list[Shape], plans: dict | None = Non
     return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"]))}
 
 
-def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes: list[Shape], card: Card,
-           splits: tuple = (2, 3, 4), anchors: list[Path] = ()) -> dict:
+def report(
+    artifact: Path,
+    arch: str,
+    launch: dict[str, tuple[int, int]],
+    shapes: list[Shape],
+    card: Card,
+    splits: tuple = (2, 3, 4),
+    anchors: list[Path] = (),
+) -> dict:
     """The whole report: kernel rows and, for ``shapes``, predictions with their calibration
     (the exact route with split-KV for each of ``splits`` on prefill shapes). ``anchors``: users'
     bench files whose cases join the calibration (user_anchors.py; ``anchor_fit`` says how the fit
@@ -284,7 +363,13 @@ def report(artifact: Path, arch: str, launch: dict[str, tuple[int, int]], shapes
             user, skipped = user_anchors.load(anchors, lambda s, r, c: route_launches(s, rows, r, c, artifact, plans))
             before, calibration = calibration, calibrate(v100, None, user) if user else calibration
             out["anchor_fit"] = user_anchors.movement(before, calibration, anchors, skipped)
-        out.update(card={"sms": card.sms, "clock_mhz": card.clock_mhz}, calibration=calibration,
-                   predictions=[p for s in shapes for p in predict_routes(s, rows, card, v100, calibration, artifact,
-                                                                          tuple(splits), plans)])
+        out.update(
+            card={"sms": card.sms, "clock_mhz": card.clock_mhz},
+            calibration=calibration,
+            predictions=[
+                p
+                for s in shapes
+                for p in predict_routes(s, rows, card, v100, calibration, artifact, tuple(splits), plans)
+            ],
+        )
     return out

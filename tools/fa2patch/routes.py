@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The SM70 routes' names, as build_info(), route_stats() and routing profiles spell them: the one
 place they are written in Python (the extension's C++ writes them once, in route_names.h; a test
 checks that both say the same)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Read what the compiler made: ptxas -v logs, cuobjdump resource usage and SASS listings (text
 in, dataclasses out: toolchain.cuobjdump and toolchain.demangle run the tools); and the one way
 kernel names are matched (``kernel_matches``).
@@ -9,7 +10,6 @@ operands of loads).
 import fnmatch
 import re
 from dataclasses import dataclass, field
-
 
 
 @dataclass
@@ -75,9 +75,16 @@ def parse_resource_usage(text: str) -> list[Resources]:
             continue
         for m in _FUNC_RES.finditer(section):
             fields = dict(re.findall(r"([A-Z_]+(?:\[\d+\])?):(\d+)", m.group(2)))
-            out.append(Resources(m.group(1), arch_m.group(1), int(fields.get("REG", 0)),
-                                 int(fields.get("STACK", 0)), int(fields.get("SHARED", 0)),
-                                 int(fields.get("LOCAL", 0))))
+            out.append(
+                Resources(
+                    m.group(1),
+                    arch_m.group(1),
+                    int(fields.get("REG", 0)),
+                    int(fields.get("STACK", 0)),
+                    int(fields.get("SHARED", 0)),
+                    int(fields.get("LOCAL", 0)),
+                )
+            )
     return out
 
 
@@ -87,9 +94,9 @@ _REGISTER = re.compile(r"\bR(\d+)\b")
 @dataclass
 class Instr:
     addr: int
-    op: str                   # opcode with modifiers, without the predicate
+    op: str  # opcode with modifiers, without the predicate
     target: int | None = None  # branch target of a BRA
-    args: str = ""            # operands as written
+    args: str = ""  # operands as written
     predicated: bool = False  # guarded by a predicate (@P0, @!P1, ...): may not run
 
     @property
@@ -109,7 +116,7 @@ class Instr:
 @dataclass
 class Loop:
     start: int
-    end: int                  # address of the back-edge branch
+    end: int  # address of the back-edge branch
     instrs: list[Instr]
 
     @property
@@ -138,14 +145,12 @@ class SassFunction:
     def hot_loops(self) -> list[Loop]:
         """The outermost loops that contain HMMA instructions."""
         hot = [lp for lp in self.loops() if any(op.startswith("HMMA") for op in lp.opcodes)]
-        return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
-                                            for o in hot)]
+        return [lp for lp in hot if not any(o is not lp and o.start <= lp.start and lp.end <= o.end for o in hot)]
 
     def outer_loops(self) -> list[Loop]:
         """The loops not inside another loop."""
         loops = self.loops()
-        return [lp for lp in loops if not any(o is not lp and o.start <= lp.start and lp.end <= o.end
-                                              for o in loops)]
+        return [lp for lp in loops if not any(o is not lp and o.start <= lp.start and lp.end <= o.end for o in loops)]
 
     def main_loop(self) -> Loop | None:
         """The outermost loop with the most work: the most instructions it spans (inner loops

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The patch file format of patches/NNNN-<slug>.patch.
 
     From: fa2patch
@@ -51,17 +52,16 @@ class PatchFile:
         """Read a patch file; its diffstat must be the one its diff gives (a file exported before
         diffstats existed, with none, is read too: `check` then asks for a new export)."""
         if not text.startswith(HEADER + "Subject: "):
-            raise ValueError(f"{where}: not a fa2patch patch (expected it to start with "
-                             f"{(HEADER + 'Subject: ')!r})")
+            raise ValueError(f"{where}: not a fa2patch patch (expected it to start with {(HEADER + 'Subject: ')!r})")
         start = text.find("\n" + DIFF_START)
-        head, sep, stat = text[len(HEADER):start + 1].rpartition("\n---\n")
+        head, sep, stat = text[len(HEADER) : start + 1].rpartition("\n---\n")
         if start < 0 or not sep:
             raise ValueError(f"{where}: no '---' line followed by a diffstat and a 'diff --git' section")
-        diff = text[start + 1:]
+        diff = text[start + 1 :]
         if stat and stat != diffstat(diff) + "\n":
             raise ValueError(mismatch("diffstat (written by hand?)", where, diffstat(diff), stat.rstrip("\n")))
         subject_line, _, body = head.partition("\n")
-        return cls(subject_line[len("Subject: "):], body.strip("\n"), diff)
+        return cls(subject_line[len("Subject: ") :], body.strip("\n"), diff)
 
 
 def file_changes(diff: str) -> list[tuple[str, int, int, bool]]:
@@ -70,8 +70,8 @@ def file_changes(diff: str) -> list[tuple[str, int, int, bool]]:
     in_hunk = False
     for line in diff.splitlines():
         if line.startswith(DIFF_START):
-            rest = line[len(DIFF_START) + 2:]  # "<path> b/<path>": both paths are equal without renames
-            files.append([rest[:(len(rest) - 3) // 2], 0, 0, False])
+            rest = line[len(DIFF_START) + 2 :]  # "<path> b/<path>": both paths are equal without renames
+            files.append([rest[: (len(rest) - 3) // 2], 0, 0, False])
             in_hunk = False
         elif not files:
             continue
@@ -98,8 +98,10 @@ def diffstat(diff: str) -> str:
     def bar(n: int) -> int:
         return n if most <= GRAPH_WIDTH else (max(1, n * GRAPH_WIDTH // most) if n else 0)
 
-    lines = [f" {p.ljust(width)} | " + ("Bin" if binary else f"{a + d:>{count_width}} {'+' * bar(a)}{'-' * bar(d)}")
-             for p, a, d, binary in changes]
+    lines = [
+        f" {p.ljust(width)} | " + ("Bin" if binary else f"{a + d:>{count_width}} {'+' * bar(a)}{'-' * bar(d)}")
+        for p, a, d, binary in changes
+    ]
     adds, dels = sum(c[1] for c in changes), sum(c[2] for c in changes)
     summary = f" {len(changes)} file{'s' if len(changes) != 1 else ''} changed"
     summary += f", {adds} insertion{'s' if adds != 1 else ''}(+)" if adds else ""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Problem shapes: what `report --shapes` and `bench --shapes` take (``parse_shapes``), and the
 work they carry (``attended_pairs``, ``useful_flops``)."""
 
@@ -17,8 +18,8 @@ class Shape:
     d: int
     causal: bool
     scale: float
-    b: int = 1      # sequences of this shape in the batch
-    decode: int = 0     # decode rows in the same call (one query each, after vLLM's chunked prefill)
+    b: int = 1  # sequences of this shape in the batch
+    decode: int = 0  # decode rows in the same call (one query each, after vLLM's chunked prefill)
     decode_kv: int = 0  # keys each decode row attends to (0: kv)
 
     @property
@@ -28,8 +29,10 @@ class Shape:
     @property
     def label(self) -> str:
         decode = f" +{self.decode} decode KV={self.dkv}" if self.decode else ""
-        return (f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
-                f"D={self.d}{' causal' if self.causal else ''}{decode}")
+        return (
+            f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
+            f"D={self.d}{' causal' if self.causal else ''}{decode}"
+        )
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -53,15 +56,35 @@ def parse_shapes(text: str) -> list[Shape]:
         sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
         scale = float(fields["scale"]) if "scale" in fields else None
         for b, q, kv, hq, hkv, d, decode, dkv in itertools.product(
-                sweeps.get("b", [1]), sweeps["q"], sweeps["kv"], sweeps["hq"], sweeps["hkv"], sweeps["d"],
-                sweeps.get("decode", [0]), sweeps.get("dkv", [0])):
+            sweeps.get("b", [1]),
+            sweeps["q"],
+            sweeps["kv"],
+            sweeps["hq"],
+            sweeps["hkv"],
+            sweeps["d"],
+            sweeps.get("decode", [0]),
+            sweeps.get("dkv", [0]),
+        ):
             if hq % hkv:
                 raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
             if decode and q < 2:
-                raise EnvironmentProblem(f"--shapes: decode={decode} rows ride with a prefill chunk: q must be >= 2, "
-                                         f"got q={q}")
-            shapes.append(Shape(q, kv, hq, hkv, d, fields.get("causal", "1") == "1",
-                                scale if scale is not None else d ** -0.5, b, decode, dkv if decode else 0))
+                raise EnvironmentProblem(
+                    f"--shapes: decode={decode} rows ride with a prefill chunk: q must be >= 2, got q={q}"
+                )
+            shapes.append(
+                Shape(
+                    q,
+                    kv,
+                    hq,
+                    hkv,
+                    d,
+                    fields.get("causal", "1") == "1",
+                    scale if scale is not None else d**-0.5,
+                    b,
+                    decode,
+                    dkv if decode else 0,
+                )
+            )
     if not shapes:
         raise EnvironmentProblem("--shapes: no shape given")
     return shapes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """smoke: launch each route the build registers on small problems, against an FP32 reference.
 
 The extension's ``build_info()`` JSON lists its routes, each either a name (an SM70 route:
@@ -31,8 +32,10 @@ PREFILL_PROBLEMS = [
 def smoke(build_dirs: list[Path]) -> list[dict]:
     gpu = probe_gpu()
     if "error" in gpu or not gpu.get("cuda"):
-        raise NothingToLaunch("nothing launched: torch sees no CUDA GPU on this machine "
-                             f"(torch.cuda.is_available() is False){gpu.get('error', '')}")
+        raise NothingToLaunch(
+            "nothing launched: torch sees no CUDA GPU on this machine "
+            f"(torch.cuda.is_available() is False){gpu.get('error', '')}"
+        )
     built = []
     for d in build_dirs:
         if manifest_path(d).is_file():
@@ -42,7 +45,8 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
     if not runnable:
         raise NothingToLaunch(
             f"nothing launched: the GPU is {gpu['name']} ({gpu['capability']}), the builds are for "
-            f"{', '.join(a for a, _ in built) or 'nothing (run fa2patch build)'}")
+            f"{', '.join(a for a, _ in built) or 'nothing (run fa2patch build)'}"
+        )
     results = []
     for arch, artifact in runnable:
         info = load_build_info(artifact)
@@ -50,13 +54,20 @@ def smoke(build_dirs: list[Path]) -> list[dict]:
             results.append({"arch": arch, "route": "load", "ok": False, "detail": info["error"]})
             continue
         if not info.get("routes"):
-            raise NothingToLaunch(f"nothing launched: {artifact} registers no routes "
-                                 "(build_info().routes is empty: no kernels in this patch series yet)")
+            raise NothingToLaunch(
+                f"nothing launched: {artifact} registers no routes "
+                "(build_info().routes is empty: no kernels in this patch series yet)"
+            )
         for route in map(route_entry, info["routes"]):
-            r = python_json("from fa2patch.smoke import probe_route; probe_route()", str(artifact),
-                            json.dumps(route), env=route.get("env"))
-            results.append({"arch": arch, "route": route["name"], **r,
-                            "ok": "error" not in r and all(c["ok"] for c in r["cases"])})
+            r = python_json(
+                "from fa2patch.smoke import probe_route; probe_route()",
+                str(artifact),
+                json.dumps(route),
+                env=route.get("env"),
+            )
+            results.append(
+                {"arch": arch, "route": route["name"], **r, "ok": "error" not in r and all(c["ok"] for c in r["cases"])}
+            )
     return results
 
 
@@ -74,26 +85,50 @@ def probe_route() -> None:
     torch.manual_seed(0)
     cases = []
     for seqs, hq, hk, d, causal in PREFILL_PROBLEMS if prefill else PROBLEMS:
-        cu_q = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))],
-                            dtype=torch.int32, device="cuda")
-        cu_k = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))],
-                            dtype=torch.int32, device="cuda")
+        cu_q = torch.tensor(
+            [0] + [sum(s[0] for s in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device="cuda"
+        )
+        cu_k = torch.tensor(
+            [0] + [sum(s[1] for s in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device="cuda"
+        )
         q = torch.randn(int(cu_q[-1]), hq, d, dtype=torch.float16, device="cuda")
         k = torch.randn(int(cu_k[-1]), hk, d, dtype=torch.float16, device="cuda")
         v = torch.randn_like(k)
         out = torch.full_like(q, float("nan"))
-        scale = d ** -0.5
+        scale = d**-0.5
         if prefill:
             op(q, k, v, out, None, k.shape[0], scale, None)
         else:
-            op(q, k, v, out, cu_q, cu_k, None, None, None, None, max(s[0] for s in seqs),
-               max(s[1] for s in seqs), 0.0, scale, False, causal, -1, -1, 0.0, False, 0, None)
+            op(
+                q,
+                k,
+                v,
+                out,
+                cu_q,
+                cu_k,
+                None,
+                None,
+                None,
+                None,
+                max(s[0] for s in seqs),
+                max(s[1] for s in seqs),
+                0.0,
+                scale,
+                False,
+                causal,
+                -1,
+                -1,
+                0.0,
+                False,
+                0,
+                None,
+            )
         torch.cuda.synchronize()
         for i, (sq, sk) in enumerate(seqs):
             sl_q, sl_k = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
             ref, _ = attention_ref(q[sl_q], k[sl_k], v[sl_k], scale, causal)
-            ref16, _ = attention_ref(q[sl_q], k[sl_k], v[sl_k], scale, causal,
-                                     compute_dtype=torch.float16)
-            cases.append({"shape": f"sq={sq} sk={sk} hq={hq} hk={hk} d={d} causal={causal}",
-                          **compare(out[sl_q], ref, ref16)})
+            ref16, _ = attention_ref(q[sl_q], k[sl_k], v[sl_k], scale, causal, compute_dtype=torch.float16)
+            cases.append(
+                {"shape": f"sq={sq} sk={sk} hq={hq} hk={hk} d={d} causal={causal}", **compare(out[sl_q], ref, ref16)}
+            )
     print(json.dumps({"cases": cases}))

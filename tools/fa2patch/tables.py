@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The one text-table renderer of the command line's text output (check, doctor, verify, smoke,
 report, bench, tune, the peer model)."""
 

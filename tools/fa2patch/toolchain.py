@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The compilers and tools a build needs, how to find them, and how to install what is missing.
 
 Two routes build the same build description (docs/DESIGN.md §5):
@@ -54,16 +55,17 @@ def installed_version(distribution: str) -> str | None:
 
 def pinned_wheels(pins: Toolchain) -> list[tuple[str, str, str | None]]:
     """(name, pinned version, installed version or None) of each wheel of the clang route."""
-    return [(*pin.split("=="), installed_version(pin.split("==")[0]))
-            for pin in (*pins.wheels, pins.fatbinary_wheel)]
+    return [(*pin.split("=="), installed_version(pin.split("==")[0])) for pin in (*pins.wheels, pins.fatbinary_wheel)]
 
 
 def wheel_pin_problems(pins: Toolchain, fatbinary: Path | None) -> list[str]:
     """The clang route's pinned wheels that are missing or installed in another version (the
     fatbinary wheel only when ``fatbinary`` is not one from elsewhere, e.g. $FA2PATCH_FATBINARY)."""
-    return [f"{name}=={want}: " + (f"{have} is installed" if have else "not installed")
-            for name, want, have in pinned_wheels(pins)
-            if have != want and (name != pins.fatbinary_pin[0] or not fatbinary_elsewhere(fatbinary))]
+    return [
+        f"{name}=={want}: " + (f"{have} is installed" if have else "not installed")
+        for name, want, have in pinned_wheels(pins)
+        if have != want and (name != pins.fatbinary_pin[0] or not fatbinary_elsewhere(fatbinary))
+    ]
 
 
 def fatbinary_elsewhere(fatbinary: Path | None) -> bool:
@@ -94,7 +96,7 @@ def nvidia_wheel_dir(name: str) -> Path | None:
 TORCH_QUERY = Path(__file__).with_name("torch_query.py")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_info(python: str = sys.executable) -> dict:
     """torch's version, CUDA version, GPU architectures, C++ ABI flag, include and library paths,
     as seen by ``python`` (a subprocess, so that another environment's torch can be read)."""
@@ -204,8 +206,10 @@ def assemble_cuda_path(dest: Path, pins: Toolchain) -> Path:
     problems = wheel_pin_problems(pins, fatbinary)
     if problems or fatbinary is None:
         raise EnvironmentProblem(
-            "clang route: " + "; ".join(problems + (["no fatbinary"] if fatbinary is None else []))
-            + f"\n  install: {PIP_BUILD}; {pip_fatbinary(pins)}")
+            "clang route: "
+            + "; ".join(problems + (["no fatbinary"] if fatbinary is None else []))
+            + f"\n  install: {PIP_BUILD}; {pip_fatbinary(pins)}"
+        )
     if dest.exists():
         shutil.rmtree(dest)
     for sub in ("bin", "include", "lib64", "nvvm/libdevice"):
@@ -218,10 +222,8 @@ def assemble_cuda_path(dest: Path, pins: Toolchain) -> Path:
     nvcc_wheel = nvidia_wheel_dir("cuda_nvcc")
     (dest / "bin" / "ptxas").symlink_to(nvcc_wheel / "bin" / "ptxas")
     (dest / "bin" / "fatbinary").symlink_to(fatbinary)
-    (dest / "nvvm" / "libdevice" / "libdevice.10.bc").symlink_to(
-        nvcc_wheel / "nvvm" / "libdevice" / "libdevice.10.bc")
-    (dest / "lib64" / "libcudart.so").symlink_to(
-        nvidia_wheel_dir("cuda_runtime") / "lib" / "libcudart.so.12")
+    (dest / "nvvm" / "libdevice" / "libdevice.10.bc").symlink_to(nvcc_wheel / "nvvm" / "libdevice" / "libdevice.10.bc")
+    (dest / "lib64" / "libcudart.so").symlink_to(nvidia_wheel_dir("cuda_runtime") / "lib" / "libcudart.so.12")
     return dest
 
 
@@ -251,10 +253,17 @@ def doctor(pins: Toolchain) -> list[Item]:
     items = []
     torch = torch_info()
     have_torch = torch.get("version", "").split("+")[0] if torch else None
-    items.append(Item("torch", have_torch == pins.torch,
-                      f"{torch.get('version')} (CUDA {torch.get('cuda')}), pinned {pins.torch}"
-                      if torch else f"not importable by {sys.executable}, pinned {pins.torch}",
-                      PIP_BUILD, "build, verify"))
+    items.append(
+        Item(
+            "torch",
+            have_torch == pins.torch,
+            f"{torch.get('version')} (CUDA {torch.get('cuda')}), pinned {pins.torch}"
+            if torch
+            else f"not importable by {sys.executable}, pinned {pins.torch}",
+            PIP_BUILD,
+            "build, verify",
+        )
+    )
     ninja = find_ninja()
     items.append(Item("ninja", ninja is not None, str(ninja or "not found"), PIP_BUILD, "build"))
     nvcc = find_nvcc()
@@ -262,29 +271,68 @@ def doctor(pins: Toolchain) -> list[Item]:
     clang_required = not nvcc_sm70
     clang = find_clang(pins.clang)
     cv = clang_version(clang) if clang else ""
-    items.append(Item(f"clang++-{pins.clang}", bool(clang) and cv.startswith(f"{pins.clang}."),
-                      f"{clang} ({cv}), pinned {pins.clang}.x" if clang else "not found",
-                      apt_clang(pins), CLANG_ROUTE, clang_required))
+    items.append(
+        Item(
+            f"clang++-{pins.clang}",
+            bool(clang) and cv.startswith(f"{pins.clang}."),
+            f"{clang} ({cv}), pinned {pins.clang}.x" if clang else "not found",
+            apt_clang(pins),
+            CLANG_ROUTE,
+            clang_required,
+        )
+    )
     fb = find_fatbinary()
     for name, want, have in pinned_wheels(pins):
         detail = f"{have} installed, pinned {want}" if have else f"not installed, pinned {want}"
         fatbinary_wheel = name == pins.fatbinary_pin[0]
-        items.append(Item(name, have == want, detail, pip_fatbinary(pins) if fatbinary_wheel else PIP_BUILD,
-                          CLANG_ROUTE, clang_required and not (fatbinary_wheel and fatbinary_elsewhere(fb))))
-    items.append(Item("fatbinary", fb is not None, str(fb or "not found"), pip_fatbinary(pins),
-                      CLANG_ROUTE, clang_required))
-    items.append(Item("nvcc", nvcc is not None,
-                      f"{nvcc} (CUDA {nvcc_version(nvcc)}{'' if nvcc_sm70 else ', cannot target sm_70'})"
-                      if nvcc else "not found (a CUDA 12.x toolkit for sm_70, any for the sm_90 lab build)",
-                      "install a CUDA toolkit and set CUDA_HOME", "build (nvcc route)", required=False))
+        items.append(
+            Item(
+                name,
+                have == want,
+                detail,
+                pip_fatbinary(pins) if fatbinary_wheel else PIP_BUILD,
+                CLANG_ROUTE,
+                clang_required and not (fatbinary_wheel and fatbinary_elsewhere(fb)),
+            )
+        )
+    items.append(
+        Item("fatbinary", fb is not None, str(fb or "not found"), pip_fatbinary(pins), CLANG_ROUTE, clang_required)
+    )
+    items.append(
+        Item(
+            "nvcc",
+            nvcc is not None,
+            f"{nvcc} (CUDA {nvcc_version(nvcc)}{'' if nvcc_sm70 else ', cannot target sm_70'})"
+            if nvcc
+            else "not found (a CUDA 12.x toolkit for sm_70, any for the sm_90 lab build)",
+            "install a CUDA toolkit and set CUDA_HOME",
+            "build (nvcc route)",
+            required=False,
+        )
+    )
     for tool in ("cuobjdump", "nvdisasm"):
         p = find_cuda12_binutil(tool)
         items.append(Item(tool, p is not None, str(p or "not found"), PIP_BUILD, "verify"))
     cc = find_ccache()
-    items.append(Item("ccache", cc is not None, str(cc or "not found (warm rebuilds)"),
-                      "apt-get install -y ccache", "build (warm rebuilds)", required=False))
-    items.append(Item("git", shutil.which("git") is not None, shutil.which("git") or "not found",
-                      "apt-get install -y git", "replay, export"))
+    items.append(
+        Item(
+            "ccache",
+            cc is not None,
+            str(cc or "not found (warm rebuilds)"),
+            "apt-get install -y ccache",
+            "build (warm rebuilds)",
+            required=False,
+        )
+    )
+    items.append(
+        Item(
+            "git",
+            shutil.which("git") is not None,
+            shutil.which("git") or "not found",
+            "apt-get install -y git",
+            "replay, export",
+        )
+    )
     return items
 
 
@@ -307,8 +355,10 @@ def choose_compiler(choice: str, arch: str, build_dir: Path, pins: Toolchain) ->
         else:
             version = nvcc_version(nvcc)
             if arch not in nvcc_archs(nvcc):
-                problems.append(f"{nvcc}: CUDA {version} cannot target {arch}"
-                                + (" (CUDA 12.x is the last release for Volta)" if arch == "sm_70" else ""))
+                problems.append(
+                    f"{nvcc}: CUDA {version} cannot target {arch}"
+                    + (" (CUDA 12.x is the last release for Volta)" if arch == "sm_70" else "")
+                )
             else:
                 host = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
                 return Compiler("nvcc", nvcc, version, host_cxx=Path(host) if host else None)
@@ -319,8 +369,9 @@ def choose_compiler(choice: str, arch: str, build_dir: Path, pins: Toolchain) ->
         else:
             version = clang_version(clang)
             if not version.startswith(f"{pins.clang}."):
-                problems.append(mismatch("clang version", str(clang), f"{pins.clang}.x (baseline.lock "
-                                         "[toolchain] clang)", version))
+                problems.append(
+                    mismatch("clang version", str(clang), f"{pins.clang}.x (baseline.lock [toolchain] clang)", version)
+                )
             else:
                 try:
                     cuda = assemble_cuda_path(build_dir / f"cuda-{pins.cuda}", pins)
@@ -328,8 +379,7 @@ def choose_compiler(choice: str, arch: str, build_dir: Path, pins: Toolchain) ->
                     problems.append(str(exc))
                 else:
                     return Compiler("clang", clang, version, cuda_path=cuda)
-    raise EnvironmentProblem(f"no compiler can build {arch} (--cuda-compiler {choice}):\n  "
-                             + "\n  ".join(problems))
+    raise EnvironmentProblem(f"no compiler can build {arch} (--cuda-compiler {choice}):\n  " + "\n  ".join(problems))
 
 
 # --- running cuobjdump and c++filt (sass.py parses what they print) ------------------------------
@@ -346,15 +396,15 @@ def cuobjdump(tool: Path, args: list[str], binary: Path) -> str:
     if proc.returncode != 0:
         if NO_DEVICE_CODE in proc.stdout + proc.stderr:
             return ""
-        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: "
-                                 f"{proc.stderr.strip()}")
+        raise EnvironmentProblem(f"{tool} {' '.join(args)} {binary}: exit {proc.returncode}: {proc.stderr.strip()}")
     return proc.stdout
 
 
 def demangle(names: list[str]) -> dict[str, str]:
     try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True,
-                             check=True).stdout.splitlines()
+        out = subprocess.run(
+            ["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True
+        ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return {n: n for n in names}
     return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What a build needs to know about the torch of the interpreter that runs this script.
 
 Standalone on purpose (no fa2patch import): `fa2patch build --python` runs it with another
@@ -34,12 +35,12 @@ def facts() -> dict:
 def cmake(f: dict) -> str:
     def value(v):
         items = v if isinstance(v, list) else [v]
-        return " ".join('"' + str("" if i is None else i).replace("\\", "/").replace('"', '\\"') + '"'
-                        for i in items)
+        return " ".join('"' + str("" if i is None else i).replace("\\", "/").replace('"', '\\"') + '"' for i in items)
 
-    return "".join(f"set(FA2PATCH_TORCH_{k.upper()} {value(v)})\n" for k, v in f.items()
-                   if not k.startswith("python")) + \
-        f"set(FA2PATCH_PYTHON_INCLUDE {value(f['python_include'])})\n"
+    return (
+        "".join(f"set(FA2PATCH_TORCH_{k.upper()} {value(v)})\n" for k, v in f.items() if not k.startswith("python"))
+        + f"set(FA2PATCH_PYTHON_INCLUDE {value(f['python_include'])})\n"
+    )
 
 
 if __name__ == "__main__":

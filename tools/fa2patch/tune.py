@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune`: measure every route on this GPU over the calls a vLLM deployment makes, and
 write a routing profile (``profile``) keyed by the device and the extension.
 
@@ -46,11 +47,14 @@ from .tables import table
 from .tune_plan import Plan, RankHeads
 from .tune_worker import ENV_EXACT
 
-LAB_NOTE = ("timings on {name} ({cap}) with the SM70 kernels forced (FA2PATCH_FORCE_SM70=1): not V100 timings; "
-            "this profile proves the mechanism, its decisions say nothing about a V100")
+LAB_NOTE = (
+    "timings on {name} ({cap}) with the SM70 kernels forced (FA2PATCH_FORCE_SM70=1): not V100 timings; "
+    "this profile proves the mechanism, its decisions say nothing about a V100"
+)
 
 
 # --- the estimate ---------------------------------------------------------------------------------
+
 
 def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 256) -> dict:
     """The run's GPU time by report's calibrated V100 model: per point and route, (warm-up + reps +
@@ -65,13 +69,15 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         return {"available": False, "note": "no estimate: report needs an sm_70 build (fa2patch build --arch sm_70)"}
     h = plan.heads
     label = f"V100 with {card.sms} SMs at {card.clock_mhz:g} MHz"
-    shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, h.d ** -0.5) for q, kv in plan.points]
+    shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, h.d**-0.5) for q, kv in plan.points]
     try:
         predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card, tuple(plan.splits))["predictions"]
     except Fa2PatchError as exc:
         return {"available": False, "note": f"no estimate: {exc}"}
-    by_key = {(p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == SPLITKV else 1):
-              p["calibrated_ms"] for p in predictions}
+    by_key = {
+        (p["label"], p["route"], p["plan"].get("splits", 1) if p["route"] == SPLITKV else 1): p["calibrated_ms"]
+        for p in predictions
+    }
     calls = plan.warmup + plan.reps + 1
     total, per_route, stand_in = 0.0, {}, set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
@@ -85,16 +91,25 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
                 stand_in.add(name)
             per_route[name] = per_route.get(name, 0.0) + calls * ms / 1e3
             total += calls * ms / 1e3
-    charged = "; ".join(f"{name} charged at the exact route's time where report has no estimate"
-                        for name in sorted(stand_in))
-    return {"available": True, "seconds": total, "per_route_seconds": per_route, "card": label,
-            "calls_per_route_and_point": calls,
-            "note": (f"ESTIMATE of the GPU time: {len(plan.points)} points x their routes x {calls} calls "
-                     f"({plan.warmup} warm-up, {plan.reps} timed, 1 numerics check) x report's calibrated time on a "
-                     f"{label}{'; ' + charged if charged else ''}; process start and input set-up not included")}
+    charged = "; ".join(
+        f"{name} charged at the exact route's time where report has no estimate" for name in sorted(stand_in)
+    )
+    return {
+        "available": True,
+        "seconds": total,
+        "per_route_seconds": per_route,
+        "card": label,
+        "calls_per_route_and_point": calls,
+        "note": (
+            f"ESTIMATE of the GPU time: {len(plan.points)} points x their routes x {calls} calls "
+            f"({plan.warmup} warm-up, {plan.reps} timed, 1 numerics check) x report's calibrated time on a "
+            f"{label}{'; ' + charged if charged else ''}; process start and input set-up not included"
+        ),
+    }
 
 
 # --- running ----------------------------------------------------------------------------------------
+
 
 def run(artifact: Path, plan: Plan, progress=None) -> dict:
     """Run the worker over the plan's points; returns {"start": ..., "points": [...], "stderr": ...}."""
@@ -104,8 +119,19 @@ def run(artifact: Path, plan: Plan, progress=None) -> dict:
     env.pop(ENV_EXACT, None)
     start, points = None, []
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-c", "from fa2patch.tune_worker import worker; worker()", str(artifact),
-                                 json.dumps(spec)], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from fa2patch.tune_worker import worker; worker()",
+                str(artifact),
+                json.dumps(spec),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        )
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue
@@ -131,10 +157,18 @@ def measured_rows(plan: Plan, points: list[dict]) -> list[dict]:
     for p in points:
         exact = next((r for r in p["rows"] if r["route"] == EXACT and r["splits"] == 1), None)
         for r in p["rows"]:
-            row = {"q": p["q"], "kv": p["kv"], "hq": h.hq, "hkv": h.hkv, "group": h.group, "head_dim": h.d,
-                   "route": r["route"], "splits": r["splits"], "name": profile.table_route(r["route"], r["splits"]),
-                   **{k: r[k] for k in ("median_ms", "min_ms", "max_ms", "times_ms", "ok", "numerics", "error")
-                      if k in r}}
+            row = {
+                "q": p["q"],
+                "kv": p["kv"],
+                "hq": h.hq,
+                "hkv": h.hkv,
+                "group": h.group,
+                "head_dim": h.d,
+                "route": r["route"],
+                "splits": r["splits"],
+                "name": profile.table_route(r["route"], r["splits"]),
+                **{k: r[k] for k in ("median_ms", "min_ms", "max_ms", "times_ms", "ok", "numerics", "error") if k in r},
+            }
             if exact and exact.get("times_ms") and r.get("times_ms") and r is not exact:
                 ratios = profile.paired_ratios(r["times_ms"], exact["times_ms"])
                 row["ratio_to_exact"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
@@ -149,11 +183,15 @@ def build_profile(plan: Plan, start: dict, rows: list[dict]) -> dict:
     if tuple(dev["capability"]) != (7, 0):
         software["notes"] = LAB_NOTE.format(name=dev["name"], cap=f"sm_{dev['capability'][0]}{dev['capability'][1]}")
     clocks = gpu_clocks.merge([p.get("clocks") for p in _points_of(rows)])
-    doc = {"format": profile.FORMAT, "device": dev, "extension_sha256": start["extension"]["sha256"],
-           "software": software,
-           "clocks_seen": clocks or {"note": start.get("nvml", {}).get("note") or "no NVML samples"},
-           "measured": rows,
-           "decisions": profile.decisions(rows, start["rows_per_cta"], plan.max_model_len)}
+    doc = {
+        "format": profile.FORMAT,
+        "device": dev,
+        "extension_sha256": start["extension"]["sha256"],
+        "software": software,
+        "clocks_seen": clocks or {"note": start.get("nvml", {}).get("note") or "no NVML samples"},
+        "measured": rows,
+        "decisions": profile.decisions(rows, start["rows_per_cta"], plan.max_model_len),
+    }
     return profile.validate(doc, "the profile tune built")
 
 
@@ -201,25 +239,35 @@ def render(result: dict) -> str:
         cells.append(f"{sm['median']:g}{' throttled' if clocks.get('throttled') else ''}" if sm else "-")
         rows.append(cells)
     lines = [table(rows, header)]
-    lines += ["", "ratio: median of the paired per-round ratios to the exact route (min-max); a route wins where "
-              "1 - median > max - min", "", profile.summary(result["profile"])]
+    lines += [
+        "",
+        "ratio: median of the paired per-round ratios to the exact route (min-max); a route wins where "
+        "1 - median > max - min",
+        "",
+        profile.summary(result["profile"]),
+    ]
     return "\n".join(lines)
 
 
 # --- the command ---------------------------------------------------------------------------------------
+
 
 def describe_plan(plan: Plan, model, tp: int) -> str:
     h = plan.heads
     by_q: dict[int, list[int]] = {}
     for q, kv in plan.points:
         by_q.setdefault(q, []).append(kv)
-    lines = [f"model: {model.heads} query heads, {model.kv_heads} KV heads, head dim {model.head_dim} ({model.source}); "
-             f"--tp {tp}: one rank's call has Hq={h.hq} Hkv={h.hkv} D={h.d} (group {h.group})",
-             f"chunked prefill: chunks of {plan.chunk} tokens, KV up to {plan.max_model_len}; "
-             f"{len(plan.points)} grid points:"]
+    lines = [
+        f"model: {model.heads} query heads, {model.kv_heads} KV heads, head dim {model.head_dim} ({model.source}); "
+        f"--tp {tp}: one rank's call has Hq={h.hq} Hkv={h.hkv} D={h.d} (group {h.group})",
+        f"chunked prefill: chunks of {plan.chunk} tokens, KV up to {plan.max_model_len}; "
+        f"{len(plan.points)} grid points:",
+    ]
     lines += [f"  Q={q}: KV {', '.join(map(str, kvs))}" for q, kvs in by_q.items()]
-    lines.append(f"routes: {EXACT}, {SPLITKV} x {', '.join(map(str, plan.splits))}, and {GQA} "
-                 f"where its op takes the call; {plan.warmup} warm-up calls, {plan.reps} timed rounds")
+    lines.append(
+        f"routes: {EXACT}, {SPLITKV} x {', '.join(map(str, plan.splits))}, and {GQA} "
+        f"where its op takes the call; {plan.warmup} warm-up calls, {plan.reps} timed rounds"
+    )
     return "\n".join(lines)
 
 
@@ -239,8 +287,11 @@ def tune(artifact: Path, plan: Plan, out: Path | None, progress=None) -> dict:
     doc = build_profile(plan, start, rows)
     path = Path(out) if out else Path.cwd() / default_name(start["device"]["name"], plan.heads)
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    broken = [f"Q={r['q']} KV={r['kv']} {r['name']}{' x' + str(r['splits']) if r['splits'] > 1 else ''}"
-              for r in rows if "numerics" in r and not r["numerics"]["ok"]]
+    broken = [
+        f"Q={r['q']} KV={r['kv']} {r['name']}{' x' + str(r['splits']) if r['splits'] > 1 else ''}"
+        for r in rows
+        if "numerics" in r and not r["numerics"]["ok"]
+    ]
     failed = [f"Q={r['q']} KV={r['kv']} {r['name']}: {r['error']}" for r in rows if r.get("error")]
     notes = []
     if "notes" in doc["software"]:
@@ -249,15 +300,26 @@ def tune(artifact: Path, plan: Plan, out: Path | None, progress=None) -> dict:
         notes.append(f"this extension has no {PIN_SPLITS_HOOK}: split-KV was not measured")
     if not start.get("nvml", {}).get("available"):
         notes.append(start.get("nvml", {}).get("note") or "NVML not sampled")
-    return {"ok": not broken, "profile_path": str(path), "device": start["device"], "extension": start["extension"],
-            "wall_s": time.monotonic() - t0, "numerics_failures": broken, "route_errors": failed, "notes": notes,
-            "measured": rows, "profile": doc}
+    return {
+        "ok": not broken,
+        "profile_path": str(path),
+        "device": start["device"],
+        "extension": start["extension"],
+        "wall_s": time.monotonic() - t0,
+        "numerics_failures": broken,
+        "route_errors": failed,
+        "notes": notes,
+        "measured": rows,
+        "profile": doc,
+    }
 
 
 def render_tune(result: dict) -> str:
     lines = [render(result), ""]
-    lines += [f"NUMERICS: {x} differs from the exact route beyond the contract's relative L2 bound; it is "
-              "never a decision" for x in result["numerics_failures"]]
+    lines += [
+        f"NUMERICS: {x} differs from the exact route beyond the contract's relative L2 bound; it is never a decision"
+        for x in result["numerics_failures"]
+    ]
     errors = result["route_errors"]
     if errors:
         lines.append(f"{len(errors)} route run(s) failed, e.g. {errors[0]}")

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What `fa2patch tune` measures: the attention calls a vLLM deployment makes, from the model's
 Hugging Face ``config.json``, the tensor-parallel size and vLLM's chunked-prefill settings.
 
@@ -33,22 +34,24 @@ from .errors import EnvironmentProblem
 from .routes import EXACT, GQA
 
 MIN_Q_POINT = 1024
-KV_STEP = 2 ** 0.5
+KV_STEP = 2**0.5
 
 
 @dataclass(frozen=True)
 class ModelHeads:
     """A model's attention, all ranks together."""
+
     heads: int
     kv_heads: int
     head_dim: int
     max_position_embeddings: int | None
-    source: str           # where the fields came from ("config.json" or "config.json text_config")
+    source: str  # where the fields came from ("config.json" or "config.json text_config")
 
 
 @dataclass(frozen=True)
 class RankHeads:
     """What one tensor-parallel rank's attention call sees."""
+
     hq: int
     hkv: int
     d: int
@@ -81,12 +84,14 @@ def parse_model_config(doc: dict, where: str = "config.json") -> ModelHeads:
     else:
         hidden = _positive(doc, "hidden_size", source)
         if hidden % heads:
-            raise EnvironmentProblem(f"{source}: no head_dim, and hidden_size {hidden} is not a multiple of "
-                                     f"num_attention_heads {heads}")
+            raise EnvironmentProblem(
+                f"{source}: no head_dim, and hidden_size {hidden} is not a multiple of num_attention_heads {heads}"
+            )
         d = hidden // heads
     if heads % kv_heads:
-        raise EnvironmentProblem(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads "
-                                 f"{kv_heads}")
+        raise EnvironmentProblem(
+            f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+        )
     mpe = doc.get("max_position_embeddings")
     return ModelHeads(heads, kv_heads, d, mpe if isinstance(mpe, int) and mpe > 0 else None, source)
 
@@ -103,17 +108,23 @@ def per_rank(model: ModelHeads, tp: int) -> RankHeads:
     if tp < 1:
         raise EnvironmentProblem(f"--tp must be >= 1, got {tp}")
     if model.heads % tp:
-        raise EnvironmentProblem(f"--tp {tp}: vLLM splits the {model.heads} query heads evenly over the ranks; "
-                                 f"{model.heads} is not a multiple of {tp}")
+        raise EnvironmentProblem(
+            f"--tp {tp}: vLLM splits the {model.heads} query heads evenly over the ranks; "
+            f"{model.heads} is not a multiple of {tp}"
+        )
     if tp >= model.kv_heads:
         if tp % model.kv_heads:
-            raise EnvironmentProblem(f"--tp {tp}: vLLM replicates the {model.kv_heads} KV heads over the ranks; "
-                                     f"{tp} is not a multiple of {model.kv_heads}")
+            raise EnvironmentProblem(
+                f"--tp {tp}: vLLM replicates the {model.kv_heads} KV heads over the ranks; "
+                f"{tp} is not a multiple of {model.kv_heads}"
+            )
         hkv = 1
     else:
         if model.kv_heads % tp:
-            raise EnvironmentProblem(f"--tp {tp}: vLLM splits the {model.kv_heads} KV heads evenly over the ranks; "
-                                     f"{model.kv_heads} is not a multiple of {tp}")
+            raise EnvironmentProblem(
+                f"--tp {tp}: vLLM splits the {model.kv_heads} KV heads evenly over the ranks; "
+                f"{model.kv_heads} is not a multiple of {tp}"
+            )
         hkv = model.kv_heads // tp
     return RankHeads(model.heads // tp, hkv, model.head_dim)
 
@@ -147,8 +158,8 @@ def kv_points(q: int, chunk: int, max_len: int) -> list[int]:
         return min(q + n * chunk, longest)
 
     points, j = {longest}, 0
-    while q * KV_STEP ** j <= max_len:
-        points.add(snap(round(q * KV_STEP ** j)))
+    while q * KV_STEP**j <= max_len:
+        points.add(snap(round(q * KV_STEP**j)))
         j += 1
     return sorted(points)
 

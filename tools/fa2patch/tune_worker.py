@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch tune`'s worker: the subprocess that measures every route at each point of the plan on
 this GPU, one JSON line per event (tune.run starts it and reads them). ``run_route`` is the one
 place that knows how each route is forced, ``measure_point`` times one point's routes in rotated
@@ -76,17 +77,39 @@ class Call:
         blocks = -(-kv_len // page)
         self.q = torch.randn(q_len, hq, d, generator=gen, device="cuda", dtype=torch.float16)
         cache = torch.randn(blocks, hkv, page, 2 * d, generator=gen, device="cuda", dtype=torch.float16)
-        self.k, self.v = cache.transpose(1, 2).split(d, dim=-1)      # vLLM's views: row stride 2 D
+        self.k, self.v = cache.transpose(1, 2).split(d, dim=-1)  # vLLM's views: row stride 2 D
         self.table = torch.randperm(blocks, generator=gen, device="cuda").to(torch.int32).view(1, -1)
         self.cu_q = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
         self.cu_k = torch.tensor([0, kv_len], dtype=torch.int32, device="cuda")
-        self.q_len, self.kv_len, self.scale, self.ops, self.torch = q_len, kv_len, d ** -0.5, ops, torch
+        self.q_len, self.kv_len, self.scale, self.ops, self.torch = q_len, kv_len, d**-0.5, ops, torch
         self.out = torch.empty_like(self.q)
         self.ws = None
 
     def varlen(self):
-        self.ops.varlen_fwd(self.q, self.k, self.v, self.out, self.cu_q, self.cu_k, None, None, self.table, None,
-                            self.q_len, self.kv_len, 0.0, self.scale, False, True, -1, -1, 0.0, False, 0, None)
+        self.ops.varlen_fwd(
+            self.q,
+            self.k,
+            self.v,
+            self.out,
+            self.cu_q,
+            self.cu_k,
+            None,
+            None,
+            self.table,
+            None,
+            self.q_len,
+            self.kv_len,
+            0.0,
+            self.scale,
+            False,
+            True,
+            -1,
+            -1,
+            0.0,
+            False,
+            0,
+            None,
+        )
 
     def gqa(self):
         if self.ws is None:
@@ -126,8 +149,10 @@ def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list,
     sampler = gpu_clocks.Sampler(nvml, handle) if nvml else None
     with sampler or contextlib.nullcontext():
         for k in range(spec["reps"]):
-            order = live[k % len(live):] + live[:k % len(live)] if live else []
-            events = {key: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for key in order}
+            order = live[k % len(live) :] + live[: k % len(live)] if live else []
+            events = {
+                key: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for key in order
+            }
             for key in order:
                 run_route(ops, key[0], key[1], call, events[key])
             torch.cuda.synchronize()
@@ -145,8 +170,13 @@ def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list,
     for key in live:
         t = sorted(rows[key]["times_ms"])
         rows[key].update(median_ms=statistics.median(t), min_ms=t[0], max_ms=t[-1])
-    return {"event": "point", "q": q_len, "kv": kv_len, "rows": list(rows.values()),
-            "clocks": sampler.summary() if sampler else None}
+    return {
+        "event": "point",
+        "q": q_len,
+        "kv": kv_len,
+        "rows": list(rows.values()),
+        "clocks": sampler.summary() if sampler else None,
+    }
 
 
 def _compare(torch, out, exact) -> dict:
@@ -155,10 +185,15 @@ def _compare(torch, out, exact) -> dict:
         return {"finite": finite, "against": "nothing (this is the exact route)", "ok": finite}
     if exact is None:
         return {"finite": finite, "against": "nothing: the exact route failed at this point", "ok": False}
-    diff = (out.float() - exact.float())
+    diff = out.float() - exact.float()
     rel = (torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(exact.float()).clamp_min(1e-30)).item()
-    return {"finite": finite, "against": "the exact route", "max_abs": diff.abs().max().item(), "rel_l2": rel,
-            "ok": finite and rel <= numerics.REL_L2_MAX}
+    return {
+        "finite": finite,
+        "against": "the exact route",
+        "max_abs": diff.abs().max().item(),
+        "rel_l2": rel,
+        "ok": finite and rel <= numerics.REL_L2_MAX,
+    }
 
 
 def worker() -> None:
@@ -171,22 +206,47 @@ def worker() -> None:
     info = json.loads(ops.build_info())
     stats = json.loads(ops.route_stats())
     h = spec["heads"]
-    dense = sorted((k for k in info.get("kernels", []) if k.get("route") == EXACT
-                    and k.get("head_dim", 0) >= h["d"]), key=lambda k: k["head_dim"])
+    dense = sorted(
+        (k for k in info.get("kernels", []) if k.get("route") == EXACT and k.get("head_dim", 0) >= h["d"]),
+        key=lambda k: k["head_dim"],
+    )
     gqa_kernel = next((k for k in info.get("kernels", []) if k.get("route") == GQA), None)
-    gqa = {"head_dim": gqa_kernel["head_dim"], "max_group": stats.get("long_prefill", {}).get("max_group", 16)} \
-        if gqa_kernel and hasattr(ops, "gqa_prefill_fwd") else None
+    gqa = (
+        {"head_dim": gqa_kernel["head_dim"], "max_group": stats.get("long_prefill", {}).get("max_group", 16)}
+        if gqa_kernel and hasattr(ops, "gqa_prefill_fwd")
+        else None
+    )
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     nvml, handle, nvml_info = gpu_clocks.open_for_torch(torch)
     driver = nvml_info.get("driver")
-    plan = Plan(RankHeads(**h), spec["chunk"], spec["max_model_len"], spec["block_size"], spec["warmup"],
-                spec["reps"], tuple(spec["splits"]))
-    print(json.dumps({"event": "start", "device": {"name": props.name, "sms": props.multi_processor_count,
-                                                    "capability": [props.major, props.minor]},
-                      "software": {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver},
-                      "extension": {"path": loaded, "sha256": sha256_file(loaded)},
-                      "split_hook": split_hook(ops) is not None, "gqa": gqa,
-                      "rows_per_cta": dense[0]["rows_per_cta"] if dense else 64, "nvml": nvml_info}), flush=True)
+    plan = Plan(
+        RankHeads(**h),
+        spec["chunk"],
+        spec["max_model_len"],
+        spec["block_size"],
+        spec["warmup"],
+        spec["reps"],
+        tuple(spec["splits"]),
+    )
+    print(
+        json.dumps(
+            {
+                "event": "start",
+                "device": {
+                    "name": props.name,
+                    "sms": props.multi_processor_count,
+                    "capability": [props.major, props.minor],
+                },
+                "software": {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver},
+                "extension": {"path": loaded, "sha256": sha256_file(loaded)},
+                "split_hook": split_hook(ops) is not None,
+                "gqa": gqa,
+                "rows_per_cta": dense[0]["rows_per_cta"] if dense else 64,
+                "nvml": nvml_info,
+            }
+        ),
+        flush=True,
+    )
     has_hook = split_hook(ops) is not None
     for q_len, kv_len in spec["points"]:
         t0 = time.monotonic()

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """Users' bench files as calibration anchors: `fa2patch report --anchors FILE...`.
 
 Each case of a bench JSON file (``fa2patch bench --json-file``) run on an SM70 card becomes an
@@ -17,10 +18,10 @@ import json
 import statistics
 from pathlib import Path
 
-from .shapes import Shape
-from .tables import table
 from .errors import EnvironmentProblem
 from .extension import mhz
+from .shapes import Shape
+from .tables import table
 from .v100model import Card
 
 
@@ -31,12 +32,16 @@ def read_bench(path: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise EnvironmentProblem(f"--anchors {path}: cannot read it as JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
-        raise EnvironmentProblem(f"--anchors {path}: not a bench JSON file (expected an object with 'results', "
-                                 f"as `fa2patch bench --json-file` writes)")
+        raise EnvironmentProblem(
+            f"--anchors {path}: not a bench JSON file (expected an object with 'results', "
+            f"as `fa2patch bench --json-file` writes)"
+        )
     if doc.get("capability") != "sm_70":
-        raise EnvironmentProblem(f"--anchors {path}: expected a bench file from an sm_70 card (a V100), actual "
-                                 f"{doc.get('capability')!r} ({doc.get('gpu', 'unknown GPU')}): timings of the SM70 "
-                                 f"kernels on another GPU say nothing about a V100")
+        raise EnvironmentProblem(
+            f"--anchors {path}: expected a bench file from an sm_70 card (a V100), actual "
+            f"{doc.get('capability')!r} ({doc.get('gpu', 'unknown GPU')}): timings of the SM70 "
+            f"kernels on another GPU say nothing about a V100"
+        )
     sms = doc.get("sms")
     if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
         raise EnvironmentProblem(f"--anchors {path}: the file records no SM count ('sms': {sms!r})")
@@ -74,14 +79,29 @@ def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[
         if why is not None:
             skipped.append({"file": str(path), "label": label, "route": route, "reason": why})
             continue
-        anchors.append({
-            "name": f"{label} {route}", "kind": "user",
-            "source": {"file": str(path), "gpu": doc.get("gpu"), "driver": doc.get("driver"),
-                       "manifest_sha256": doc.get("manifest_sha256"), "fa2patch": doc.get("fa2patch")},
-            "card": {"sms": doc["sms"], "clock_mhz": clock[0]}, "measured_ms": case["median_ms"],
-            "workload": {"kind": "route", "launches": launches, "clock_mhz": clock[0]},
-            "file": str(path), "shape": case["shape"], "label": label, "route": route, "clock_mhz": clock[0],
-            "clock_source": clock[1], "throttled": case.get("throttled")})
+        anchors.append(
+            {
+                "name": f"{label} {route}",
+                "kind": "user",
+                "source": {
+                    "file": str(path),
+                    "gpu": doc.get("gpu"),
+                    "driver": doc.get("driver"),
+                    "manifest_sha256": doc.get("manifest_sha256"),
+                    "fa2patch": doc.get("fa2patch"),
+                },
+                "card": {"sms": doc["sms"], "clock_mhz": clock[0]},
+                "measured_ms": case["median_ms"],
+                "workload": {"kind": "route", "launches": launches, "clock_mhz": clock[0]},
+                "file": str(path),
+                "shape": case["shape"],
+                "label": label,
+                "route": route,
+                "clock_mhz": clock[0],
+                "clock_source": clock[1],
+                "throttled": case.get("throttled"),
+            }
+        )
     return anchors, skipped
 
 
@@ -108,41 +128,85 @@ def summary(cal: dict) -> dict:
 def movement(before: dict, after: dict, files: list[Path], skipped: list[dict]) -> dict:
     """How the fit moved: the published anchors' fit, the fit with the user anchors, each user
     anchor (file, shape, route, clock, measured, calibrated, residual, leave-one-out residual)."""
-    user = [{k: a.get(k) for k in ("name", "file", "label", "route", "card", "clock_mhz", "clock_source",
-                                   "throttled", "measured", "model", "calibrated", "residual", "loo_residual")}
-            for a in after["anchors"] if a["kind"] == "user"]
-    return {"files": [str(f) for f in files], "before": summary(before), "after": summary(after),
-            "user_anchors": user, "skipped": skipped,
-            "median_user_residual": statistics.median(a["residual"] for a in user) if user else None}
+    user = [
+        {
+            k: a.get(k)
+            for k in (
+                "name",
+                "file",
+                "label",
+                "route",
+                "card",
+                "clock_mhz",
+                "clock_source",
+                "throttled",
+                "measured",
+                "model",
+                "calibrated",
+                "residual",
+                "loo_residual",
+            )
+        }
+        for a in after["anchors"]
+        if a["kind"] == "user"
+    ]
+    return {
+        "files": [str(f) for f in files],
+        "before": summary(before),
+        "after": summary(after),
+        "user_anchors": user,
+        "skipped": skipped,
+        "median_user_residual": statistics.median(a["residual"] for a in user) if user else None,
+    }
 
 
 def render_calibration(result: dict) -> list[str]:
     """The anchors' table (published and users') and, with user anchors, how the fit moved."""
     cal = result["calibration"]
-    lines = ["", "Calibration anchors (published V100 measurements of open SM70 kernels, "
-             "tools/fa2patch/data/anchors.toml, and users' bench files given with --anchors), recomputed now:"]
-    lines.append(table([[a["name"], Path(a["file"]).name if a["kind"] == "user" else "published",
-                         f"{a['card']['sms']}, {a['card']['clock_mhz']:g}", f"{a['measured']:.4g} {a['unit']}",
-                         f"{a['model']:.4g}", f"{a['calibrated']:.4g}", f"{a['residual']:+.1%}",
-                         f"{a['loo_residual']:+.1%}", a["outlier"] or ("throttled" if a.get("throttled") else "")]
-                        for a in cal["anchors"]],
-                       ["anchor", "from", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out",
-                        "note"]))
+    lines = [
+        "",
+        "Calibration anchors (published V100 measurements of open SM70 kernels, "
+        "tools/fa2patch/data/anchors.toml, and users' bench files given with --anchors), recomputed now:",
+    ]
+    lines.append(
+        table(
+            [
+                [
+                    a["name"],
+                    Path(a["file"]).name if a["kind"] == "user" else "published",
+                    f"{a['card']['sms']}, {a['card']['clock_mhz']:g}",
+                    f"{a['measured']:.4g} {a['unit']}",
+                    f"{a['model']:.4g}",
+                    f"{a['calibrated']:.4g}",
+                    f"{a['residual']:+.1%}",
+                    f"{a['loo_residual']:+.1%}",
+                    a["outlier"] or ("throttled" if a.get("throttled") else ""),
+                ]
+                for a in cal["anchors"]
+            ],
+            ["anchor", "from", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out", "note"],
+        )
+    )
     t = cal["targets"]
     if not cal["within_targets"]:
-        lines.append(f"WARNING: a published anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) "
-                     f"or +-{t['loo']:.0%} (leave-one-out)")
+        lines.append(
+            f"WARNING: a published anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) "
+            f"or +-{t['loo']:.0%} (leave-one-out)"
+        )
     fit = result.get("anchor_fit")
     if fit:
         b, a = fit["before"], fit["after"]
         pct = lambda r: f"{r[0]:+.1%} .. {r[1]:+.1%}"  # noqa: E731
         pb, pa = b["parameters"], a["parameters"]
-        lines += ["", f"The fit with users' anchors ({', '.join(fit['files'])}): {b['anchors']} -> {a['anchors']} "
-                  f"anchors; cycle factor {pb['cycle_factor']:.3f} -> {pa['cycle_factor']:.3f}, "
-                  f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
-                  f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out (the range) "
-                  f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}. A user anchor runs at its measured clock "
-                  f"(the clock column above)."]
+        lines += [
+            "",
+            f"The fit with users' anchors ({', '.join(fit['files'])}): {b['anchors']} -> {a['anchors']} "
+            f"anchors; cycle factor {pb['cycle_factor']:.3f} -> {pa['cycle_factor']:.3f}, "
+            f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
+            f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out (the range) "
+            f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}. A user anchor runs at its measured clock "
+            f"(the clock column above).",
+        ]
         for s in fit["skipped"]:
             lines.append(f"left out: {Path(s['file']).name}: {s['label']} {s['route']}: {s['reason']}")
     return lines

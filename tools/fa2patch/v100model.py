@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The V100 cycle model behind `fa2patch report`.
 
 A route's time is the sum of its kernel launches' times. One launch (``KernelLaunch``) is a grid
@@ -54,6 +55,7 @@ def load_v100() -> dict:
 class Card:
     """A V100: its SM count and its boost (or locked) clock. A kernel runs at the lower of that
     clock and what the 300 W cap allows at its tensor duty (``clock_for_duty``)."""
+
     sms: int = 80
     clock_mhz: float = 1530.0
 
@@ -77,6 +79,7 @@ class Calibration:
     CTA (its iterations and its code outside the loop), ``cta_cycles`` adds cycles to every CTA
     of a fused attention kernel (an FA2-style grid: one CTA per query tile over its keys). The
     defaults are the model itself."""
+
     cycle_factor: float = 1.0
     cta_cycles: float = 0.0
 
@@ -89,26 +92,29 @@ class LoopMix:
     ``critical_cycles``: one iteration of a CTA whose ``critical_warps`` warps per sub-partition
     run in phase, timed from the SASS (phases.lockstep_cycles); 0 where the SASS is not known.
     For code that runs once per CTA (an epilogue), the time of that code."""
+
     instructions: float = 0
-    hmma_f32_steps: float = 0       # HMMA.884.F32.*: 4 steps of 2 clocks per mma.m8n8k4
-    hmma_f16_steps: float = 0       # HMMA.884.F16.*: 2 steps of 4 clocks per mma.m8n8k4
-    shared_passes: float = 0        # bank passes (wavefronts) of LDS/STS
-    shared_bytes: float = 0         # all lanes; for the report (passes bind)
+    hmma_f32_steps: float = 0  # HMMA.884.F32.*: 4 steps of 2 clocks per mma.m8n8k4
+    hmma_f16_steps: float = 0  # HMMA.884.F16.*: 2 steps of 4 clocks per mma.m8n8k4
+    shared_passes: float = 0  # bank passes (wavefronts) of LDS/STS
+    shared_bytes: float = 0  # all lanes; for the report (passes bind)
     fp32: float = 0
     mufu: float = 0
     load_use_gaps: tuple = ()
-    shuffles: float = 0             # SHFL: one shared-memory pass each
+    shuffles: float = 0  # SHFL: one shared-memory pass each
     critical_cycles: float = 0
     critical_warps: int = 0
 
     def pipes(self, warps: float, v100: dict) -> dict[str, float]:
         """Cycles of one sub-partition while ``warps`` warps each run one iteration."""
         return {
-            "tensor": warps * (self.hmma_f32_steps * v100["mma884_clocks"] / 4
-                               + self.hmma_f16_steps * v100["mma884_clocks"] / 2),
+            "tensor": warps
+            * (self.hmma_f32_steps * v100["mma884_clocks"] / 4 + self.hmma_f16_steps * v100["mma884_clocks"] / 2),
             "issue": warps * self.instructions / v100["issue_per_clock_per_subpartition"],
-            "shared_memory": warps * (self.shared_passes + self.shuffles) * SUBPARTITIONS
-                             / v100["shared_passes_per_clock_per_sm"],
+            "shared_memory": warps
+            * (self.shared_passes + self.shuffles)
+            * SUBPARTITIONS
+            / v100["shared_passes_per_clock_per_sm"],
             "fp32": warps * self.fp32 * 32 / v100["fp32_lanes_per_subpartition"],
             "mufu": warps * self.mufu * 32 / v100["mufu_lanes_per_subpartition"],
         }
@@ -144,6 +150,7 @@ class LoopMix:
 class CtaKind:
     """CTAs of one kind: ``iterations`` of ``loop`` each (in launch order), ``epilogue`` issued by
     each warp once per CTA, ``prologue_load_rounds`` waited for before the first iteration."""
+
     loop: LoopMix
     iterations: tuple
     epilogue: LoopMix = field(default_factory=LoopMix)
@@ -157,6 +164,7 @@ class KernelLaunch:
     ``prologue_load_rounds``: global-load rounds each CTA waits for before its first iteration.
     ``hbm_bytes``: DRAM traffic of the whole launch. ``more``: CTAs of other kinds that follow in
     the same grid (one kernel whose blockIdx picks the kind of tile it runs)."""
+
     name: str
     loop: LoopMix
     iterations: tuple
@@ -166,7 +174,7 @@ class KernelLaunch:
     prologue_load_rounds: int = 1
     hbm_bytes: float = 0.0
     more: tuple = ()
-    fused: bool = False             # an FA2-style grid (Calibration.cta_cycles applies)
+    fused: bool = False  # an FA2-style grid (Calibration.cta_cycles applies)
 
     def kinds(self) -> list[CtaKind]:
         return [CtaKind(self.loop, self.iterations, self.epilogue, self.prologue_load_rounds), *self.more]
@@ -186,8 +194,13 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
         "blocks": v100["max_blocks_per_sm"],
     }
     blocks = min(limits.values())
-    return {"blocks_per_sm": blocks, "warps_per_sm": blocks * warps, "limited_by": min(limits, key=limits.get),
-            "threads_per_block": threads, "shared_bytes": shared}
+    return {
+        "blocks_per_sm": blocks,
+        "warps_per_sm": blocks * warps,
+        "limited_by": min(limits, key=limits.get),
+        "threads_per_block": threads,
+        "shared_bytes": shared,
+    }
 
 
 def binding(cycles: dict[str, float]) -> str:
@@ -197,7 +210,7 @@ def binding(cycles: dict[str, float]) -> str:
 def makespan(durations, slots: int) -> float:
     """Finish time of the last CTA when CTAs start in order on the first free of ``slots``."""
     durations = list(durations)
-    if durations and min(durations) == max(durations):       # equal CTAs: whole waves
+    if durations and min(durations) == max(durations):  # equal CTAs: whole waves
         return -(-len(durations) // slots) * durations[0]
     free = [0.0] * slots
     for d in durations:
@@ -205,47 +218,80 @@ def makespan(durations, slots: int) -> float:
     return max(free)
 
 
-def estimate_launch(launch: KernelLaunch, card: Card, v100: dict, cal: Calibration = Calibration(),
-                    clock_mhz: float | None = None) -> dict:
+def estimate_launch(
+    launch: KernelLaunch, card: Card, v100: dict, cal: Calibration = Calibration(), clock_mhz: float | None = None
+) -> dict:
     """The time of one launch on ``card`` (see the module docstring), with the fitted parameters
     ``cal`` (the defaults: the model itself), at ``clock_mhz`` or else at the clock its own tensor
     duty allows. The details of the first kind of CTA are at the top level; ``kinds`` has each
     kind's."""
     k = launch.ctas_per_sm
-    w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)       # warps of one CTA per scheduler
+    w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)  # warps of one CTA per scheduler
     extra = cal.cta_cycles if launch.fused else 0.0
     kinds, durations, tensor = [], [], 0.0
     for kind in launch.kinds():
         pipes = kind.loop.sustained_pipes(w_cta, v100)
-        pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())   # all resident CTAs' warps
+        pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())  # all resident CTAs' warps
         exposed = kind.loop.exposed_latency(w_cta, v100)
         critical = kind.loop.iteration_cycles(w_cta, v100)
-        round_cycles = cal.cycle_factor * max(pipe, critical)        # every resident CTA, one iteration
+        round_cycles = cal.cycle_factor * max(pipe, critical)  # every resident CTA, one iteration
         epilogue = kind.epilogue.once_cycles(w_cta, v100)
         fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + epilogue) + extra
-        kinds.append({"ctas": len(kind.iterations), "cta_iterations": sum(kind.iterations),
-                      "pipes_per_cta_iteration": pipes, "binding": binding(pipes), "exposed_latency": exposed,
-                      "critical_cycles": critical, "round_cycles": round_cycles, "fixed_cycles_per_cta": fixed})
+        kinds.append(
+            {
+                "ctas": len(kind.iterations),
+                "cta_iterations": sum(kind.iterations),
+                "pipes_per_cta_iteration": pipes,
+                "binding": binding(pipes),
+                "exposed_latency": exposed,
+                "critical_cycles": critical,
+                "round_cycles": round_cycles,
+                "fixed_cycles_per_cta": fixed,
+            }
+        )
         durations += [fixed + n * round_cycles for n in kind.iterations]
-        tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)   # busy at the pipe's rate
+        tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)  # busy at the pipe's rate
     compute = makespan(durations, card.sms * k)
     duty = tensor / (compute * card.sms) if compute else 0.0
     clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
     hbm = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
     seconds = max(compute / clock, hbm)
     first = kinds[0]
-    return {"name": launch.name, "ctas": len(durations), "cta_iterations": sum(x["cta_iterations"] for x in kinds),
-            "ctas_per_sm": k, "warps_per_subpartition": k * w_cta, **{x: first[x] for x in (
-                "pipes_per_cta_iteration", "binding", "exposed_latency", "critical_cycles", "round_cycles",
-                "fixed_cycles_per_cta")},
-            "kinds": kinds, "compute_cycles": compute, "tensor_cycles": tensor / card.sms, "tensor_duty": duty,
-            "clock_mhz": clock / 1e6,
-            "hbm_ms": hbm * 1e3, "limited_by": "hbm" if hbm > compute / clock else "compute",
-            "ms": seconds * 1e3}
+    return {
+        "name": launch.name,
+        "ctas": len(durations),
+        "cta_iterations": sum(x["cta_iterations"] for x in kinds),
+        "ctas_per_sm": k,
+        "warps_per_subpartition": k * w_cta,
+        **{
+            x: first[x]
+            for x in (
+                "pipes_per_cta_iteration",
+                "binding",
+                "exposed_latency",
+                "critical_cycles",
+                "round_cycles",
+                "fixed_cycles_per_cta",
+            )
+        },
+        "kinds": kinds,
+        "compute_cycles": compute,
+        "tensor_cycles": tensor / card.sms,
+        "tensor_duty": duty,
+        "clock_mhz": clock / 1e6,
+        "hbm_ms": hbm * 1e3,
+        "limited_by": "hbm" if hbm > compute / clock else "compute",
+        "ms": seconds * 1e3,
+    }
 
 
-def estimate_route(launches: list[KernelLaunch], card: Card, v100: dict, cal: Calibration = Calibration(),
-                   clock_mhz: float | None = None) -> dict:
+def estimate_route(
+    launches: list[KernelLaunch],
+    card: Card,
+    v100: dict,
+    cal: Calibration = Calibration(),
+    clock_mhz: float | None = None,
+) -> dict:
     """Launches run one after another at one clock: ``clock_mhz`` where it was measured (a user's
     anchor), else the one the route's tensor duty (tensor-busy over compute cycles, all launches
     together) allows; the 300 W cap acts on the power averaged over a call, whose launches
@@ -268,16 +314,28 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
         k, w_cta = x.ctas_per_sm, math.ceil(x.warps_per_cta / SUBPARTITIONS)
         fixed, rounds, tensor = [], [], 0.0
         for kind in x.kinds():
-            rounds += [max(max(kind.loop.sustained_pipes(k * w_cta, v100).values()),
-                           kind.loop.iteration_cycles(w_cta, v100))] * len(kind.iterations)
-            fixed += [kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"]
-                      + kind.epilogue.once_cycles(w_cta, v100)] * len(kind.iterations)
+            rounds += [
+                max(max(kind.loop.sustained_pipes(k * w_cta, v100).values()), kind.loop.iteration_cycles(w_cta, v100))
+            ] * len(kind.iterations)
+            fixed += [
+                kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + kind.epilogue.once_cycles(w_cta, v100)
+            ] * len(kind.iterations)
             tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)
         its = [n for kind in x.kinds() for n in kind.iterations]
         slots = card.sms * k
         base = None if x.fused else makespan([f + n * r for f, n, r in zip(fixed, its, rounds)], slots)
-        parts.append((x.fused, fixed, its, rounds, slots, base, tensor / card.sms,
-                      x.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)))
+        parts.append(
+            (
+                x.fused,
+                fixed,
+                its,
+                rounds,
+                slots,
+                base,
+                tensor / card.sms,
+                x.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9),
+            )
+        )
 
     def ms(cal: Calibration = Calibration()) -> float:
         computes = []
@@ -285,8 +343,15 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
             if base is not None:
                 computes.append(cal.cycle_factor * base)
             else:
-                computes.append(makespan([cal.cycle_factor * f + cal.cta_cycles + n * (cal.cycle_factor * r)
-                                          for f, n, r in zip(fixed, its, rounds)], slots))
+                computes.append(
+                    makespan(
+                        [
+                            cal.cycle_factor * f + cal.cta_cycles + n * (cal.cycle_factor * r)
+                            for f, n, r in zip(fixed, its, rounds)
+                        ],
+                        slots,
+                    )
+                )
         cycles = sum(computes)
         duty = sum(p[6] for p in parts) / cycles if cycles else 0.0
         clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
@@ -298,8 +363,12 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
 def at_clock(estimate: dict, clock_mhz: float) -> dict:
     """A launch's estimate with its compute cycles at another clock (its cycles do not depend on it)."""
     compute_ms = estimate["compute_cycles"] / (clock_mhz * 1e3)
-    return {**estimate, "clock_mhz": clock_mhz, "ms": max(compute_ms, estimate["hbm_ms"]),
-            "limited_by": "hbm" if estimate["hbm_ms"] > compute_ms else "compute"}
+    return {
+        **estimate,
+        "clock_mhz": clock_mhz,
+        "ms": max(compute_ms, estimate["hbm_ms"]),
+        "limited_by": "hbm" if estimate["hbm_ms"] > compute_ms else "compute",
+    }
 
 
 def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
@@ -307,8 +376,10 @@ def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
     clock; the larger of all SMs busy all along (throughput), whole CTAs per SM (for every j,
     some SM runs j+1 of the j*sms+1 longest CTAs), and HBM bytes at full bandwidth."""
     w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)
-    longest = sorted((n * max(kind.loop.pipes(w_cta, v100).values())
-                      for kind in launch.kinds() for n in kind.iterations), reverse=True)
+    longest = sorted(
+        (n * max(kind.loop.pipes(w_cta, v100).values()) for kind in launch.kinds() for n in kind.iterations),
+        reverse=True,
+    )
     sms = card.sms
     cycles = {
         "throughput": sum(longest) / sms,
@@ -322,35 +393,56 @@ def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
 
 def peak_tflops(card: Card, clock_mhz: float, v100: dict) -> float:
     """FP16 tensor peak: one mma.m8n8k4 (fma_per_mma884 FMAs) per mma884_clocks per sub-partition."""
-    return (card.sms * SUBPARTITIONS * 2 * v100["fma_per_mma884"] / v100["mma884_clocks"]
-            * clock_mhz * 1e6 / 1e12)
+    return card.sms * SUBPARTITIONS * 2 * v100["fma_per_mma884"] / v100["mma884_clocks"] * clock_mhz * 1e6 / 1e12
 
 
 # --- Workloads shared by the routes and the anchors --------------------------------------------
 
-def fa2_grid_iterations(q: int, kv: int, causal: bool, rows_per_cta: int, keys_per_iteration: int,
-                        heads: int, batch: int = 1) -> list[int]:
+
+def fa2_grid_iterations(
+    q: int, kv: int, causal: bool, rows_per_cta: int, keys_per_iteration: int, heads: int, batch: int = 1
+) -> list[int]:
     """Hot-loop iterations of each CTA of an FA2-style forward grid (blockIdx.x = query block m,
     then batch, then head; every sequence q x kv): CTA m holds rows m*rows .. (m+1)*rows-1 and
     visits ceil(kv / keys) key blocks, with the bottom-right causal mask no more than
     ceil(((m+1)*rows + kv - q) / keys) (a partial last CTA counts as a whole one) and none when
     that is <= 0."""
     blocks = -(-kv // keys_per_iteration)
-    per_head = [max(0, min(blocks, -(-((m + 1) * rows_per_cta + kv - q) // keys_per_iteration)))
-                if causal else blocks for m in range(-(-q // rows_per_cta))]
+    per_head = [
+        max(0, min(blocks, -(-((m + 1) * rows_per_cta + kv - q) // keys_per_iteration))) if causal else blocks
+        for m in range(-(-q // rows_per_cta))
+    ]
     return per_head * (batch * heads)
 
 
-def gemm_launch(name: str, loop: LoopMix, tile: dict, m: int, n: int, k: int, hbm_bytes: float,
-                epilogue: LoopMix = LoopMix(), prologue_load_rounds: int = 1) -> KernelLaunch:
+def gemm_launch(
+    name: str,
+    loop: LoopMix,
+    tile: dict,
+    m: int,
+    n: int,
+    k: int,
+    hbm_bytes: float,
+    epilogue: LoopMix = LoopMix(),
+    prologue_load_rounds: int = 1,
+) -> KernelLaunch:
     """A tiled GEMM (m x n x k): one CTA per tile_m x tile_n output tile, each iterating over k in
     steps of tile_k. ``tile``: tile_m, tile_n, tile_k, warps, ctas_per_sm."""
     ctas = -(-m // tile["tile_m"]) * -(-n // tile["tile_n"])
-    return KernelLaunch(name, loop, (-(-k // tile["tile_k"]),) * ctas, tile["warps"], tile["ctas_per_sm"],
-                        epilogue, prologue_load_rounds, hbm_bytes)
+    return KernelLaunch(
+        name,
+        loop,
+        (-(-k // tile["tile_k"]),) * ctas,
+        tile["warps"],
+        tile["ctas_per_sm"],
+        epilogue,
+        prologue_load_rounds,
+        hbm_bytes,
+    )
 
 
 # --- Calibration ------------------------------------------------------------------------------
+
 
 def shared_passes(accesses: list[dict]) -> tuple[float, float]:
     """(bank passes, bytes) of a loop's shared-memory accesses, each group given as
@@ -381,8 +473,16 @@ def mix_from_data(d: dict) -> LoopMix:
     SHFL (``shuffles`` or ``shfl``), and where the kernel's SASS was timed, ``critical_cycles`` for
     ``critical_warps``."""
     passes, total = shared_passes(d.get("shared", []))
-    return LoopMix(instructions=d.get("instructions", 0), hmma_f32_steps=d.get("hmma_f32_steps", 0),
-                   hmma_f16_steps=d.get("hmma_f16_steps", 0), shared_passes=passes + d.get("shared_passes", 0),
-                   shared_bytes=total, fp32=d.get("fp32", 0), mufu=d.get("mufu", 0),
-                   load_use_gaps=tuple(d.get("load_use_gaps", ())), shuffles=d.get("shuffles", d.get("shfl", 0)),
-                   critical_cycles=d.get("critical_cycles", 0), critical_warps=d.get("critical_warps", 0))
+    return LoopMix(
+        instructions=d.get("instructions", 0),
+        hmma_f32_steps=d.get("hmma_f32_steps", 0),
+        hmma_f16_steps=d.get("hmma_f16_steps", 0),
+        shared_passes=passes + d.get("shared_passes", 0),
+        shared_bytes=total,
+        fp32=d.get("fp32", 0),
+        mufu=d.get("mufu", 0),
+        load_use_gaps=tuple(d.get("load_use_gaps", ())),
+        shuffles=d.get("shuffles", d.get("shfl", 0)),
+        critical_cycles=d.get("critical_cycles", 0),
+        critical_warps=d.get("critical_warps", 0),
+    )

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """verify: the built extension has exactly vLLM's operators, and every kernel is in budget.
 
 1. Load the extension with torch in a subprocess and compare each `_vllm_fa2_C` operator
@@ -73,8 +74,7 @@ def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
     return data["namespace"], dict(data["ops"])
 
 
-def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable,
-                    preload: list[str] = ()) -> dict:
+def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable, preload: list[str] = ()) -> dict:
     """Load the extension with torch in a subprocess: its operators' schemas, the expected ones
     parsed by the same torch, its build_info(), whether it imports as a Python module, and the
     torch version; {"error": ...} if it does not load. ``preload``: shared libraries loaded first
@@ -89,12 +89,26 @@ def check_load(artifact: Path, manifest: dict, python: str, got: dict) -> list[R
     if "error" in got:
         return []
     check = manifest.get("check_only")
-    rows = [Row("link", "torch", True, f"loaded with torch {got['torch']} ({python})" + (
-        f"; check-only build, not for packaging: {'; '.join(check['why'])}" if check else ""))]
+    rows = [
+        Row(
+            "link",
+            "torch",
+            True,
+            f"loaded with torch {got['torch']} ({python})"
+            + (f"; check-only build, not for packaging: {'; '.join(check['why'])}" if check else ""),
+        )
+    ]
     ok = got["import_error"] is None
-    rows.append(Row("link", "import", ok, f"imports as the Python module {got['module']} (vLLM's "
-                    f"`from . import {got['module']}`)" if ok else
-                    f"{artifact}: does not import as a Python module: {got['import_error']}"))
+    rows.append(
+        Row(
+            "link",
+            "import",
+            ok,
+            f"imports as the Python module {got['module']} (vLLM's `from . import {got['module']}`)"
+            if ok
+            else f"{artifact}: does not import as a Python module: {got['import_error']}",
+        )
+    )
     return rows
 
 
@@ -108,13 +122,13 @@ def check_schemas(artifact: Path, schemas_path: Path, got: dict) -> list[Row]:
         if not have:
             rows.append(Row("schema", name, False, f"{artifact}: operator {ns}::{name} is missing"))
         elif have != [want]:
-            rows.append(Row("schema", name, False, mismatch("schema", f"{schemas_path} vs {artifact}",
-                                                              want, " | ".join(have))))
+            rows.append(
+                Row("schema", name, False, mismatch("schema", f"{schemas_path} vs {artifact}", want, " | ".join(have)))
+            )
         else:
             rows.append(Row("schema", name, True, "exact match"))
     for name in sorted(set(got["actual"]) - set(expected)):
-        rows.append(Row("schema", name, False, f"{artifact}: operator {ns}::{name} is not in "
-                                               f"{schemas_path}"))
+        rows.append(Row("schema", name, False, f"{artifact}: operator {ns}::{name} is not in {schemas_path}"))
     return rows
 
 
@@ -132,19 +146,23 @@ def load_budgets(path: Path) -> tuple[Budget, dict[str, Budget]]:
     data = tomllib.loads(path.read_text())
     try:
         default = Budget(**data.get("default", {}))
-        overrides = {k.pop("pattern"): Budget(**{**default.__dict__, **k})
-                     for k in [dict(x) for x in data.get("kernel", [])]}
+        overrides = {
+            k.pop("pattern"): Budget(**{**default.__dict__, **k}) for k in [dict(x) for x in data.get("kernel", [])]
+        }
     except (TypeError, KeyError) as exc:
         raise CheckFailed(f"{path}: malformed budgets: {exc!r}") from exc
     for pattern, b in [("default", default), *overrides.items()]:
         if b.max_spill_bytes != 0:
-            raise CheckFailed(mismatch(f"max_spill_bytes of {pattern!r}", str(path), 0, b.max_spill_bytes)
-                              + "\n  (zero spills is a hard rule)")
+            raise CheckFailed(
+                mismatch(f"max_spill_bytes of {pattern!r}", str(path), 0, b.max_spill_bytes)
+                + "\n  (zero spills is a hard rule)"
+            )
     return default, overrides
 
 
-def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
-                  launches: dict[str, tuple[int, int]]) -> list[Row]:
+def check_kernels(
+    manifest: dict, artifact: Path, budgets_path: Path, launches: dict[str, tuple[int, int]]
+) -> list[Row]:
     """``launches``: {demangled-name glob: (threads, dynamic shared bytes)}, from build_info().
     Every pattern (budgets, tensor-core kernels, launches) is a glob on the demangled name."""
     tool = toolchain.find_cuda12_binutil("cuobjdump")
@@ -152,10 +170,12 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
         raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
     default, overrides = load_budgets(budgets_path)
     arch = manifest["arch"]
-    resources = [r for r in sass.parse_resource_usage(
-        toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact)) if r.arch == arch]
-    functions = {f.name: f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact))
-                 if f.arch == arch}
+    resources = [
+        r
+        for r in sass.parse_resource_usage(toolchain.cuobjdump(tool, ["--dump-resource-usage"], artifact))
+        if r.arch == arch
+    ]
+    functions = {f.name: f for f in sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], artifact)) if f.arch == arch}
     # Without the build's ptxas -v log (an artifact built elsewhere, e.g. by CMake), spills are
     # bounded by the binary's stack frame: spilled registers live there, so 0 proves none.
     from_log = manifest.get("ptxas_kernels") is not None
@@ -192,10 +212,10 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
             # (another compiler and architecture, only for correctness) reports its spills.
             (notes if manifest.get("lab") else problems).append(
                 f"{what} expected <= {budget.max_spill_bytes}, actual {spills}"
-                + (" (lab build: not a budget)" if manifest.get("lab") else ""))
+                + (" (lab build: not a budget)" if manifest.get("lab") else "")
+            )
         if shared > budget.max_shared_bytes:
-            problems.append(f"shared memory (static + dynamic) expected <= {budget.max_shared_bytes}, "
-                            f"actual {shared}")
+            problems.append(f"shared memory (static + dynamic) expected <= {budget.max_shared_bytes}, actual {shared}")
         hmma = fn.hmma if fn else 0
         traps = fn.traps if fn else 0
         # A lab build (sm_90) runs Volta's mma.m8n8k4 emulated, without HMMA.884 in its SASS.
@@ -204,9 +224,15 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
                 problems.append("tensor-core kernel without HMMA instructions")
             if traps:
                 problems.append(f"tensor-core kernel with {traps} trap instruction(s)")
-        numbers = {"registers": regs, "spill_bytes": spills, "stack": res.stack if res else None,
-                   "shared": shared, "local": res.local if res else None, "hmma": hmma,
-                   "traps": traps}
+        numbers = {
+            "registers": regs,
+            "spill_bytes": spills,
+            "stack": res.stack if res else None,
+            "shared": shared,
+            "local": res.local if res else None,
+            "hmma": hmma,
+            "traps": traps,
+        }
         rows.append(Row("kernel", pretty[name], not problems, "; ".join(problems + notes) or "ok", numbers))
     for pat in patterns:
         if not any(sass.kernel_matches(pretty[n], pat) for n in names):
@@ -216,9 +242,15 @@ def check_kernels(manifest: dict, artifact: Path, budgets_path: Path,
 
 # Libraries an extension may link: those torch's wheels (and the C/C++ runtime) already put in
 # the process. Anything else would have to exist on the user's machine by luck.
-ALLOWED_NEEDED = [r"libc10(_cuda)?\.so", r"libtorch(_cpu|_cuda)?\.so", r"libcudart\.so\.\d+",
-                  r"libstdc\+\+\.so\.6", r"libgcc_s\.so\.1", r"lib(c|m|dl|pthread|rt)\.so\.\d+",
-                  r"ld-linux-x86-64\.so\.2"]
+ALLOWED_NEEDED = [
+    r"libc10(_cuda)?\.so",
+    r"libtorch(_cpu|_cuda)?\.so",
+    r"libcudart\.so\.\d+",
+    r"libstdc\+\+\.so\.6",
+    r"libgcc_s\.so\.1",
+    r"lib(c|m|dl|pthread|rt)\.so\.\d+",
+    r"ld-linux-x86-64\.so\.2",
+]
 
 
 def _readelf(args: list[str], artifact: Path) -> subprocess.CompletedProcess:
@@ -232,8 +264,9 @@ def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     """What the artifact asks of the machine it lands on: libraries, search paths, folders."""
     proc = _readelf(["-d", "-W"], artifact)
     if proc.returncode != 0:
-        return [Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: "
-                                                f"{proc.stderr.strip()}")]
+        return [
+            Row("link", "libstdc++", False, f"{artifact}: not a shared library readelf can read: {proc.stderr.strip()}")
+        ]
     dynamic = proc.stdout
     needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
     rows = []
@@ -241,29 +274,77 @@ def check_hygiene(artifact: Path, machine_folders: list[Path]) -> list[Row]:
     # the torch boundary then crashes (seen on the lab machine, whose $CXX links libstdc++
     # statically: every error message with a number segfaulted).
     ok = any(n.startswith("libstdc++.so") for n in needed)
-    rows.append(Row("link", "libstdc++", ok, "linked dynamically (shared with torch)" if ok else
-                    mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
-                    + "\n  (the host compiler linked libstdc++ statically; use the system g++/clang++)"))
+    rows.append(
+        Row(
+            "link",
+            "libstdc++",
+            ok,
+            "linked dynamically (shared with torch)"
+            if ok
+            else mismatch("NEEDED libraries", str(artifact), "libstdc++.so.6 among them", needed)
+            + "\n  (the host compiler linked libstdc++ statically; use the system g++/clang++)",
+        )
+    )
     foreign = [n for n in needed if not any(re.fullmatch(p, n) for p in ALLOWED_NEEDED)]
-    rows.append(Row("link", "needed", not foreign, f"{len(needed)} libraries, all provided by torch or "
-                    "the C/C++ runtime" if not foreign else
-                    mismatch("NEEDED libraries", str(artifact), "only torch's and the C/C++ runtime's "
-                             "(libc10, libtorch*, libcudart, libstdc++, libc...)", foreign)))
+    rows.append(
+        Row(
+            "link",
+            "needed",
+            not foreign,
+            f"{len(needed)} libraries, all provided by torch or the C/C++ runtime"
+            if not foreign
+            else mismatch(
+                "NEEDED libraries",
+                str(artifact),
+                "only torch's and the C/C++ runtime's (libc10, libtorch*, libcudart, libstdc++, libc...)",
+                foreign,
+            ),
+        )
+    )
     paths = re.findall(r"\((RPATH|RUNPATH)\)\s+Library (?:rpath|runpath): \[([^\]]*)\]", dynamic)
-    rows.append(Row("link", "rpath", not paths, "no RPATH/RUNPATH" if not paths else
-                    mismatch("library search path", str(artifact), "none (torch's libraries are "
-                             "already loaded when the extension is)", [f"{k}={v}" for k, v in paths])))
+    rows.append(
+        Row(
+            "link",
+            "rpath",
+            not paths,
+            "no RPATH/RUNPATH"
+            if not paths
+            else mismatch(
+                "library search path",
+                str(artifact),
+                "none (torch's libraries are already loaded when the extension is)",
+                [f"{k}={v}" for k, v in paths],
+            ),
+        )
+    )
     data = artifact.read_bytes()
     named = sorted({str(f) for f in machine_folders if len(str(f)) > 1 and str(f).encode() in data})
-    rows.append(Row("link", "build paths", not named, "names no folder of the build machine" if not named
-                    else mismatch("folders of the build machine", str(artifact), "none", named)))
+    rows.append(
+        Row(
+            "link",
+            "build paths",
+            not named,
+            "names no folder of the build machine"
+            if not named
+            else mismatch("folders of the build machine", str(artifact), "none", named),
+        )
+    )
     symbols = re.findall(r"\bUND\s+(\S+)", _readelf(["--dyn-syms", "-W"], artifact).stdout)
     private = sorted({sym.split("@")[0] for sym in symbols if sym.startswith("_Py")})
     libpython = [n for n in needed if n.startswith("libpython")]
     ok = not private and not libpython
-    rows.append(Row("link", "python abi", ok, "limited API only (abi3), no libpython" if ok else
-                    mismatch("CPython symbols/libraries", str(artifact), "limited API only, no libpython",
-                             private + libpython)))
+    rows.append(
+        Row(
+            "link",
+            "python abi",
+            ok,
+            "limited API only (abi3), no libpython"
+            if ok
+            else mismatch(
+                "CPython symbols/libraries", str(artifact), "limited API only, no libpython", private + libpython
+            ),
+        )
+    )
     return rows
 
 
@@ -287,21 +368,28 @@ def machine_folders(*extra: Path, python: str | None = None) -> list[Path]:
     return folders
 
 
-def verify(build_dir: Path, schemas_path: Path, budgets_path: Path, python: str | None = None,
-           folders: tuple[Path, ...] = ()) -> tuple[dict, list[Row]]:
+def verify(
+    build_dir: Path, schemas_path: Path, budgets_path: Path, python: str | None = None, folders: tuple[Path, ...] = ()
+) -> tuple[dict, list[Row]]:
     """Verify a ``fa2patch build`` output, loading it with the interpreter it was built for."""
     manifest, artifact = load_manifest(build_dir)
     python = python or manifest.get("torch", {}).get("python") or sys.executable
     if not Path(python).exists():
-        raise EnvironmentProblem(f"{manifest_path(build_dir)}: built for the torch of {python}, "
-                                 "which no longer exists (pass --python)")
-    return manifest, verify_artifact(artifact, manifest, schemas_path, budgets_path, python,
-                                     machine_folders(build_dir, *folders, python=python))
+        raise EnvironmentProblem(
+            f"{manifest_path(build_dir)}: built for the torch of {python}, which no longer exists (pass --python)"
+        )
+    return manifest, verify_artifact(
+        artifact, manifest, schemas_path, budgets_path, python, machine_folders(build_dir, *folders, python=python)
+    )
 
 
-def verify_artifact(artifact: Path, manifest: dict, schemas_path: Path, budgets_path: Path,
-                    python: str, folders: list[Path]) -> list[Row]:
+def verify_artifact(
+    artifact: Path, manifest: dict, schemas_path: Path, budgets_path: Path, python: str, folders: list[Path]
+) -> list[Row]:
     got = probe_extension(artifact, schemas_path, python, (manifest.get("check_only") or {}).get("preload", []))
-    return (check_hygiene(artifact, folders) + check_load(artifact, manifest, python, got)
-            + check_schemas(artifact, schemas_path, got)
-            + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {}))))
+    return (
+        check_hygiene(artifact, folders)
+        + check_load(artifact, manifest, python, got)
+        + check_schemas(artifact, schemas_path, got)
+        + check_kernels(manifest, artifact, budgets_path, launches_of(got.get("build_info", {})))
+    )

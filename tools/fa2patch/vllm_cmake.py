@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """vLLM's own CMake around fa2patch's --vllm-src tree: what a vLLM source build does with
 ``VLLM_FLASH_ATTN_SRC_DIR`` (the GPU lab with nvcc, CI with clang; README "V100 with vLLM 0.33").
 
@@ -67,8 +68,10 @@ include(cmake/external_projects/vllm_flash_attn.cmake)
 def _once(text: str, marker: str, where: Path) -> int:
     count = text.count(marker)
     if count != 1:
-        raise CheckFailed(f"{where}: expected the line(s) {marker!r} once, found {count}: vLLM's "
-                          "CMakeLists.txt changed; update fa2patch.vllm_cmake")
+        raise CheckFailed(
+            f"{where}: expected the line(s) {marker!r} once, found {count}: vLLM's "
+            "CMakeLists.txt changed; update fa2patch.vllm_cmake"
+        )
     return text.index(marker)
 
 
@@ -83,17 +86,23 @@ def driver_cmakelists(vllm: Path) -> str:
     _once(text, FA_INCLUDE, path)
     if not spinloop < gpu < fetch:
         raise CheckFailed(f"{path}: its sections are not in the order fa2patch.vllm_cmake expects")
-    return (f"# Cut by fa2patch.vllm_cmake from {path}: everything before {SPINLOOP.splitlines()[1]!r}, the\n"
-            f"# section from {GPU_LANG.splitlines()[1]!r} to {FETCHCONTENT.splitlines()[1]!r}, then\n"
-            "# FetchContent and vLLM's vllm_flash_attn.cmake (its last include). Unchanged text.\n"
-            + text[:spinloop] + text[gpu:fetch] + FETCH_LINES + "\n" + FA_INCLUDE + "\n")
+    return (
+        f"# Cut by fa2patch.vllm_cmake from {path}: everything before {SPINLOOP.splitlines()[1]!r}, the\n"
+        f"# section from {GPU_LANG.splitlines()[1]!r} to {FETCHCONTENT.splitlines()[1]!r}, then\n"
+        "# FetchContent and vLLM's vllm_flash_attn.cmake (its last include). Unchanged text.\n"
+        + text[:spinloop]
+        + text[gpu:fetch]
+        + FETCH_LINES
+        + "\n"
+        + FA_INCLUDE
+        + "\n"
+    )
 
 
 def find_cmake() -> Path:
     """$FA2PATCH_CMAKE, else the cmake beside this interpreter (pip's cmake), else PATH's; at least
     MIN_CMAKE (vLLM's minimum)."""
-    candidates = [os.environ.get("FA2PATCH_CMAKE"), str(Path(sys.executable).parent / "cmake"),
-                  shutil.which("cmake")]
+    candidates = [os.environ.get("FA2PATCH_CMAKE"), str(Path(sys.executable).parent / "cmake"), shutil.which("cmake")]
     found = []
     for c in candidates:
         if not c or not Path(c).exists():
@@ -103,24 +112,27 @@ def find_cmake() -> Path:
         if m and (int(m.group(1)), int(m.group(2))) >= MIN_CMAKE:
             return Path(c)
         found.append(f"{c} ({m.group(0) if m else 'no version'})")
-    raise EnvironmentProblem(f"cmake >= {'.'.join(map(str, MIN_CMAKE))} (vLLM 0.33's minimum) not found"
-                             f"{': ' + ', '.join(found) if found else ''}\n  install: python -m pip install "
-                             "'cmake>=3.26' (or set FA2PATCH_CMAKE)")
+    raise EnvironmentProblem(
+        f"cmake >= {'.'.join(map(str, MIN_CMAKE))} (vLLM 0.33's minimum) not found"
+        f"{': ' + ', '.join(found) if found else ''}\n  install: python -m pip install "
+        "'cmake>=3.26' (or set FA2PATCH_CMAKE)"
+    )
 
 
 @dataclass
 class Run:
     """One vLLM-style build of the tree: where everything is and how it is compiled."""
-    vllm: Path                   # vLLM's source tree (VLLM_FILES)
-    tree: Path                   # fa2patch's --vllm-src tree (VLLM_FLASH_ATTN_SRC_DIR)
-    work: Path                   # the driver, the build folder and FetchContent's base folder
-    prefix: Path                 # where setup.py installs: the folder that holds vllm/
-    compiler: str = "nvcc"       # "nvcc" (vLLM's top level) or "clang" (the stand-in)
+
+    vllm: Path  # vLLM's source tree (VLLM_FILES)
+    tree: Path  # fa2patch's --vllm-src tree (VLLM_FLASH_ATTN_SRC_DIR)
+    work: Path  # the driver, the build folder and FetchContent's base folder
+    prefix: Path  # where setup.py installs: the folder that holds vllm/
+    compiler: str = "nvcc"  # "nvcc" (vLLM's top level) or "clang" (the stand-in)
     python: str = sys.executable
-    arch_list: str = "7.0"       # TORCH_CUDA_ARCH_LIST (the nvcc route's CUDA_ARCHS come from it)
-    build_type: str = "RelWithDebInfo"   # setup.py's default
+    arch_list: str = "7.0"  # TORCH_CUDA_ARCH_LIST (the nvcc route's CUDA_ARCHS come from it)
+    build_type: str = "RelWithDebInfo"  # setup.py's default
     jobs: int = os.cpu_count() or 1
-    clang: Path | None = None    # clang route: clang++ and the CUDA 12.x folder
+    clang: Path | None = None  # clang route: clang++ and the CUDA 12.x folder
     cuda_path: Path | None = None
     extra: list[str] = field(default_factory=list)  # more -D arguments
 
@@ -152,10 +164,18 @@ def configure_command(run: Run, top: Path) -> tuple[list[str], dict]:
     """setup.py's configure (cmake_build_ext.configure), for the FA part."""
     from . import toolchain
 
-    args = [str(find_cmake()), str(top), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}",
-            f"-DVLLM_TARGET_DEVICE=cuda", f"-DVLLM_PYTHON_EXECUTABLE={run.python}",
-            f"-DFETCHCONTENT_BASE_DIR={run.work / '.deps'}",
-            f"-DCMAKE_JOB_POOL_COMPILE:STRING=compile", f"-DCMAKE_JOB_POOLS:STRING=compile={run.jobs}"]
+    args = [
+        str(find_cmake()),
+        str(top),
+        "-G",
+        "Ninja",
+        f"-DCMAKE_MAKE_PROGRAM={toolchain.find_ninja()}",
+        "-DVLLM_TARGET_DEVICE=cuda",
+        f"-DVLLM_PYTHON_EXECUTABLE={run.python}",
+        f"-DFETCHCONTENT_BASE_DIR={run.work / '.deps'}",
+        "-DCMAKE_JOB_POOL_COMPILE:STRING=compile",
+        f"-DCMAKE_JOB_POOLS:STRING=compile={run.jobs}",
+    ]
     if run.build_type:
         args.append(f"-DCMAKE_BUILD_TYPE={run.build_type}")
     ccache = toolchain.find_ccache()
@@ -195,8 +215,12 @@ def commands(run: Run) -> list[list[str]]:
     """The compile and link commands of _vllm_fa2_C (after ``configure``), none run."""
     from . import toolchain
 
-    out = subprocess.run([str(toolchain.find_ninja()), "-C", str(run.build_dir), "-t", "commands", "_vllm_fa2_C"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(toolchain.find_ninja()), "-C", str(run.build_dir), "-t", "commands", "_vllm_fa2_C"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [shlex.split(line) for line in out.splitlines() if line.strip()]
 
 
@@ -219,8 +243,7 @@ def build_and_install(run: Run, log=print) -> Path:
     _run([cmake, "--build", ".", f"-j={run.jobs}", *(f"--target={c}" for c in COMPONENTS)], run.build_dir, env, log)
     run.prefix.mkdir(parents=True, exist_ok=True)
     for component in COMPONENTS:
-        _run([cmake, "--install", ".", "--prefix", str(run.prefix), "--component", component], run.build_dir,
-             env, log)
+        _run([cmake, "--install", ".", "--prefix", str(run.prefix), "--component", component], run.build_dir, env, log)
     if not run.installed.is_file():
         raise CheckFailed(f"{run.installed}: vLLM's install did not put the extension there")
     return run.installed
@@ -243,8 +266,11 @@ def check_nvcc_commands(cmds: list[list[str]], tree: Path, arch: str) -> list[st
         cmd = got[0]
         sm = arch.removeprefix("sm_")
         archs = [w for w in cmd if w.startswith(("-gencode", "--generate-code", "-arch", "--gpu-architecture"))]
-        want = [f"-std={build.CXX_STANDARD}", *build.nvcc_cuda_flags(arch),
-                *(f"-D{d}" for d in build.defines(desc, arch))]
+        want = [
+            f"-std={build.CXX_STANDARD}",
+            *build.nvcc_cuda_flags(arch),
+            *(f"-D{d}" for d in build.defines(desc, arch)),
+        ]
         missing = [w for w in want if w not in cmd]
         if missing:
             problems.append(f"{src}: missing {missing}")
@@ -264,20 +290,25 @@ def lab_manifest(run: Run, arch: str, cmds: list[list[str]], seconds: float) -> 
     torch = toolchain.torch_info(run.python)
     nvcc = toolchain.find_nvcc() if run.compiler == "nvcc" else run.clang
     tree_record = json.loads((run.tree / "fa2patch-vllm-src.json").read_text())
-    manifest.update({
-        "built_by": f"vLLM's {FA_CMAKE} ({run.vllm.name}), {run.compiler}, CMAKE_BUILD_TYPE={run.build_type}",
-        "installed": str(run.installed),
-        "compiler": {"kind": run.compiler, "path": str(nvcc),
-                     "version": toolchain.nvcc_version(nvcc) if run.compiler == "nvcc" else toolchain.clang_version(nvcc)},
-        "cxx_standard": tree_record.get("cxx_standard"),
-        "commands": {"compile": [shlex.join(c) for c in cmds]},
-        "torch": {k: torch.get(k) for k in ("version", "cuda", "cxx11_abi", "arch_list", "python_version")}
-                 | {"python": run.python},
-        "check_only": None,
-        "source_tree_digest": tree_record["source_tree_digest"],
-        "source_matches_lock": tree_record["source_matches_lock"],
-        "wall_seconds": round(seconds, 1),
-    })
+    manifest.update(
+        {
+            "built_by": f"vLLM's {FA_CMAKE} ({run.vllm.name}), {run.compiler}, CMAKE_BUILD_TYPE={run.build_type}",
+            "installed": str(run.installed),
+            "compiler": {
+                "kind": run.compiler,
+                "path": str(nvcc),
+                "version": toolchain.nvcc_version(nvcc) if run.compiler == "nvcc" else toolchain.clang_version(nvcc),
+            },
+            "cxx_standard": tree_record.get("cxx_standard"),
+            "commands": {"compile": [shlex.join(c) for c in cmds]},
+            "torch": {k: torch.get(k) for k in ("version", "cuda", "cxx11_abi", "arch_list", "python_version")}
+            | {"python": run.python},
+            "check_only": None,
+            "source_tree_digest": tree_record["source_tree_digest"],
+            "source_matches_lock": tree_record["source_matches_lock"],
+            "wall_seconds": round(seconds, 1),
+        }
+    )
     manifest["artifact"] = {"file": run.installed.name, "sha256": manifest["artifact"]["sha256"]}
     return manifest
 
@@ -306,17 +337,21 @@ def lab(args, log) -> dict:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    tree = vllm_source_tree(project, args.workspace.resolve(), work / "fa2-src", args.arch,
-                            Lock.load(project.lock_path))
+    tree = vllm_source_tree(
+        project, args.workspace.resolve(), work / "fa2-src", args.arch, Lock.load(project.lock_path)
+    )
     vllm = extract_vllm(args.vllm_archive, work / "vllm-src")
     return {"tree": tree["vllm_src"], "vllm": str(vllm)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fa2patch.vllm_cmake", description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", choices=["commands", "build", "lab"],
-                    help="commands: configure and list the commands (a dry run); build: configure, build, "
-                         "install; lab: make the tree from --workspace, take vLLM from --vllm-archive, build")
+    ap.add_argument(
+        "action",
+        choices=["commands", "build", "lab"],
+        help="commands: configure and list the commands (a dry run); build: configure, build, "
+        "install; lab: make the tree from --workspace, take vLLM from --vllm-archive, build",
+    )
     ap.add_argument("--vllm", type=Path, help="vLLM's source tree (CMakeLists.txt, cmake/)")
     ap.add_argument("--tree", type=Path, help="fa2patch package --vllm-src's tree")
     ap.add_argument("--work", type=Path, required=True, help="folder for the driver and the build")
@@ -328,8 +363,12 @@ def main(argv=None) -> int:
     ap.add_argument("--build-type", default="RelWithDebInfo")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--cmake-arg", action="append", default=[], help="one more configure argument (-D...)")
-    ap.add_argument("--lab-build-dir", type=Path, default=None,
-                    help="after building: copy the installed extension and a manifest here (build/<arch>)")
+    ap.add_argument(
+        "--lab-build-dir",
+        type=Path,
+        default=None,
+        help="after building: copy the installed extension and a manifest here (build/<arch>)",
+    )
     ap.add_argument("--workspace", type=Path, help="lab: the replayed workspace")
     ap.add_argument("--vllm-archive", type=Path, help="lab: .lab/vllm-src.tar.gz (ci/gpu-vllm.sh prepare)")
     ap.add_argument("--dry-run", action="store_true", help="lab: stop after the commands' check")
@@ -346,14 +385,29 @@ def main(argv=None) -> int:
     elif not (args.vllm and args.tree):
         ap.error(f"{args.action} needs --vllm and --tree")
     sm = args.arch.removeprefix("sm_")
-    run = Run(args.vllm.resolve(), args.tree.resolve(), args.work.resolve(),
-              (args.prefix or args.work / "install").resolve(), args.compiler, args.python,
-              args.arch_list or f"{sm[:-1]}.{sm[-1]}", args.build_type, args.jobs, extra=args.cmake_arg)
+    run = Run(
+        args.vllm.resolve(),
+        args.tree.resolve(),
+        args.work.resolve(),
+        (args.prefix or args.work / "install").resolve(),
+        args.compiler,
+        args.python,
+        args.arch_list or f"{sm[:-1]}.{sm[-1]}",
+        args.build_type,
+        args.jobs,
+        extra=args.cmake_arg,
+    )
     configure(run, log)
     cmds = commands(run)
     problems = check_nvcc_commands(cmds, run.tree, args.arch) if args.compiler == "nvcc" else []
-    result.update({"ok": not problems, "problems": problems, "arch_list": run.arch_list,
-                   "commands": [shlex.join(c) for c in cmds]})
+    result.update(
+        {
+            "ok": not problems,
+            "problems": problems,
+            "arch_list": run.arch_list,
+            "commands": [shlex.join(c) for c in cmds],
+        }
+    )
     if args.action != "commands" and not args.dry_run and not problems:
         installed = build_and_install(run, log)
         result["installed"] = str(installed)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """What `fa2patch doctor --vllm PYTHON` needs to know about that interpreter's environment.
 
 Standalone on purpose (no fa2patch import): it runs with the user's interpreter. It imports torch
@@ -29,11 +30,14 @@ def distribution(name: str) -> dict | None:
     except md.PackageNotFoundError:
         return None
     direct = dist.read_text("direct_url.json")
-    return {"version": dist.version, "requires": dist.requires or [],
-            "installer": (dist.read_text("INSTALLER") or "").strip(),
-            # PEP 610: written for an install from a folder, a file or a VCS, not from an index.
-            "direct_url": json.loads(direct) if direct else None,
-            "entry_points": [[e.group, e.name, e.value] for e in dist.entry_points]}
+    return {
+        "version": dist.version,
+        "requires": dist.requires or [],
+        "installer": (dist.read_text("INSTALLER") or "").strip(),
+        # PEP 610: written for an install from a folder, a file or a VCS, not from an index.
+        "direct_url": json.loads(direct) if direct else None,
+        "entry_points": [[e.group, e.name, e.value] for e in dist.entry_points],
+    }
 
 
 def main() -> dict:
@@ -55,7 +59,7 @@ def main() -> dict:
         import torch_query
 
         out["torch"] = torch_query.facts()
-    except Exception as exc:  # noqa: BLE001 - any failure to import torch is the answer
+    except Exception as exc:
         out["torch"] = {"error": f"{type(exc).__name__}: {exc}"}
     return out
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-3-Clause
 """The vLLM release fa2patch is tested with (packaging/vllm-release.toml): its facts
 (``vllm_release``) and its Python sources from its sha256-pinned sdist (``extract_vllm_sources``),
 for `package --vllm-src`, `doctor --vllm`, the peer model's extraction and the tests."""
@@ -28,7 +29,10 @@ def extract_vllm_sources(project: Project, dest: Path, extra: tuple[str, ...] = 
     top = f"vllm-{release['version']}"
     wanted = (f"{top}/vllm/", *(f"{top}/{e}" for e in extra))
     with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.isfile() and m.name.startswith(wanted) and (m.name.endswith(".py") or m.name in wanted)]
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.isfile() and m.name.startswith(wanted) and (m.name.endswith(".py") or m.name in wanted)
+        ]
         tar.extractall(dest, members=members, filter="data")
     return dest / top
