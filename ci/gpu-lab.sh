@@ -6,7 +6,7 @@
 # for bench's and tune's NVML samples):
 #   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit nvidia-ml-py
 #   .venv/bin/fa2patch fetch && cp ~/.cache/fa2patch/archives/"$(.venv/bin/python -m fa2patch.labtools sdist-name)" .lab/
-# Results go to $OUT (or ./lab-out): logs and the GPU tests' JUnit XML.
+# Results go to $OUT (or ./lab-out): logs, each pytest session's log and JUnit XML, gpu-summary.json.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
 # tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), LAB_TEST_PATHS replaces tests/gpu
 # (files in the order they should run), LAB_PYTEST_TIMEOUT=S interrupts pytest after S seconds (the
@@ -30,14 +30,15 @@ if compgen -G ".lab/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/fa2patch-site
 fi
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
-# The lab image's $CXX (/opt/gcc) links libstdc++ statically, which breaks the extension
-# (verify checks it): build with the system compiler that nvcc uses.
-unset CXX CC
+lab() { python3 -m fa2patch.labtools "$@"; }
+lab banner
+# The lab image's compilers (/opt/gcc) link libstdc++ statically, which breaks the extension (verify
+# checks it): build with the system compiler that nvcc uses. CMake passes $CUDAHOSTCXX to nvcc as
+# -ccbin, which is how vLLM's CMake reached /opt/gcc in the run of 2026-12-01 (run3).
+unset CXX CC CUDAHOSTCXX NVCC_CCBIN
 export FA2PATCH_CACHE=${FA2PATCH_CACHE:-/tmp/fa2patch-cache} FA2PATCH_ROOT=$PWD
 f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
 # The decisions (the sdist's name, the summaries) are tools/fa2patch/labtools.py's; this script orchestrates.
-lab() { python3 -m fa2patch.labtools "$@"; }
-lab banner
 status=0
 if [ "${LAB_REUSE_BUILD:-0}" = 1 ] && [ -f build/sm_90/manifest.json ]; then
     echo "[lab] reusing build/sm_90"
@@ -64,9 +65,23 @@ else
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then
     limit=(); [ -n "${LAB_PYTEST_TIMEOUT:-}" ] && limit=(timeout -s INT "$LAB_PYTEST_TIMEOUT")
-    FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary.json" \
-        "${limit[@]}" python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} ${LAB_TEST_PATHS:-tests/gpu} \
-        --junitxml "$out/gpu-junit.xml" || status=1
+    # One pytest session per group of test files, all at once (labtools.session_groups says why);
+    # LAB_TEST_PATHS: one session over the files given, in their order.
+    if [ -n "${LAB_TEST_PATHS:-}" ]; then groups=("$LAB_TEST_PATHS"); else mapfile -t groups < <(lab test-groups tests/gpu); fi
+    pids=(); parts=()
+    for i in "${!groups[@]}"; do
+        echo "[lab] pytest session $i: ${groups[$i]}"
+        FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary-$i.json" \
+            "${limit[@]}" python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} ${groups[$i]} \
+            --junitxml "$out/gpu-junit-$i.xml" >"$out/pytest-$i.log" 2>&1 &
+        pids+=($!); parts+=("$out/gpu-summary-$i.json")
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}"; rc=$?
+        echo "[lab] pytest session $i: exit $rc"; tail -3 "$out/pytest-$i.log"
+        [ $rc = 0 ] || [ $rc = 5 ] || status=1  # 5: nothing selected in this session (-k)
+    done
+    lab merge-summaries "$out/gpu-summary.json" "${parts[@]}" || status=1
 fi
 if [ "${LAB_SANITIZE:-0}" = 1 ]; then
     OUT=$out bash ci/gpu-sanitize.sh || status=1

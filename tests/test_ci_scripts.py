@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from fa2patch import labtools
+
 from helpers import REPO
 
 FAKE_PYTHON = """#!/bin/sh
@@ -19,8 +21,17 @@ FAKE_PYTHON = """#!/bin/sh
 # All say what they were asked.
 if [ "$1" = "-m" ] && [ "$2" = "fa2patch" ]; then
     shift 2
-    echo "fake fa2patch $*"
+    echo "fake fa2patch $* (CUDAHOSTCXX=${CUDAHOSTCXX-unset} CXX=${CXX-unset})"
     [ "$1" = "$FAIL_STEP" ] && exit 1
+elif [ "$1" = "-m" ] && [ "$2" = "pytest" ]; then
+    # A session: its summary names its files' family (the last one given before --junitxml).
+    files=$(printf '%s\n' "$@" | grep '^tests/gpu/' | tr '\n' ' ')
+    family=$(basename "$(printf '%s\n' "$@" | grep '^tests/gpu/' | head -1)" .py)
+    ok=true; case "$files" in *"$FAIL_STEP"*) [ -n "$FAIL_STEP" ] && ok=false ;; esac
+    printf '{"cases": 1, "ok": %s, "failed": [], "families": {"%s": {"cases": 1, "ok": %s, "failed": [],
+      "worst": {}, "worst_case": {}, "results": []}}}' "$ok" "$family" "$ok" >"$FA2PATCH_GPU_SUMMARY"
+    echo "fake pytest $files"
+    [ "$ok" = true ] || exit 1
 elif [ "$1" = "-m" ] && [ "$2" = "fa2patch.vllm_cmake" ]; then
     shift 2
     echo "fake vllm_cmake $*"
@@ -72,7 +83,7 @@ def test_gpu_lab_fails_when_a_step_fails(tmp_path, fail_step, status):
     assert proc.returncode == status, proc.stdout + proc.stderr
     # The lock's archive (docs/DESIGN.md §3), carried in .lab/ or not.
     carried = REPO / ".lab" / "flash_attn-2.8.3.tar.gz"
-    fetch = "fake fa2patch fetch --sdist .lab/flash_attn-2.8.3.tar.gz" if carried.is_file() else "fake fa2patch fetch\n"
+    fetch = "fake fa2patch fetch --sdist .lab/flash_attn-2.8.3.tar.gz" if carried.is_file() else "fake fa2patch fetch ("
     assert fetch in proc.stdout
 
 
@@ -171,3 +182,27 @@ def test_sanitizer_bad_inputs_are_the_suites_own_cases():
     assert {"gqa", "head_dims", "window", "softcap_alibi", "split_kv", "kvcache", "bad_input"} <= families
     script = (REPO / "ci" / "gpu-sanitize.sh").read_text()
     assert "expect_error" not in script and "sanitize_cases.py" in script
+
+
+def test_gpu_lab_runs_one_pytest_session_per_group_and_merges_their_summaries(tmp_path):
+    """tests/gpu as labtools' groups, all sessions at once, each with its log and JUnit; one summary; a
+    failed session fails the run. The build runs with the lab image's host compilers unset."""
+    out = tmp_path / "out"
+    groups = labtools.session_groups(REPO / "tests/gpu")
+    env = fake_env(tmp_path, CUDAHOSTCXX="/opt/gcc/bin/g++", CXX="/opt/gcc/bin/g++")
+    proc = subprocess.run(["bash", "ci/gpu-lab.sh"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (
+        "fake fa2patch build --arch sm_90 --cuda-compiler nvcc --workspace work/lab (CUDAHOSTCXX=unset CXX=unset)"
+        in (out / "build.log").read_text()
+    )
+    for i, group in enumerate(groups):
+        files = " ".join(str(f.relative_to(REPO)) for f in group)
+        assert f"[lab] pytest session {i}: {files}" in proc.stdout
+        assert f"fake pytest {files} " in (out / f"pytest-{i}.log").read_text()
+    merged = json.loads((out / "gpu-summary.json").read_text())
+    assert set(merged["families"]) == {g[0].stem for g in groups} and merged["cases"] == len(groups)
+    env["FAIL_STEP"] = "test_routing_gpu"
+    proc = subprocess.run(["bash", "ci/gpu-lab.sh"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 1 and "exit 1" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((out / "gpu-summary.json").read_text())["ok"] is False

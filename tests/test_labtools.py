@@ -246,3 +246,63 @@ def test_vllm_verdict_command_writes_the_verdict_into_the_summary(tmp_path):
     assert written["ok"] is False and sum(not v for v in written["verdict"].values()) == 1
     path.write_text(json.dumps(vllm_summary(vllm_rows(FA2, VIEWS))))
     assert run("vllm-verdict", str(path), "--collected").returncode == 0
+
+
+def _gpu_conftest():
+    """tests/gpu/conftest.py, the module that writes each session's summary (imported by path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_conftest_for_labtools", REPO / "tests/gpu/conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_session_groups_run_every_gpu_test_file_once(tmp_path):
+    for name in ("test_sm70_numerics.py", "test_routing_gpu.py", "test_a_gpu.py", "test_b_gpu.py", "cases.py"):
+        (tmp_path / name).write_text("")
+    groups = labtools.session_groups(tmp_path)
+    assert [[f.name for f in g] for g in groups] == [
+        ["test_sm70_numerics.py"],
+        ["test_routing_gpu.py"],
+        ["test_a_gpu.py", "test_b_gpu.py"],
+    ]
+    real = labtools.session_groups(REPO / "tests/gpu")
+    files = [f for g in real for f in g]
+    assert sorted(files) == sorted((REPO / "tests/gpu").glob("test_*.py")) and len(files) == len(set(files))
+    assert run("test-groups", str(REPO / "tests/gpu")).stdout.splitlines() == [" ".join(map(str, g)) for g in real]
+
+
+def test_merged_summaries_equal_one_sessions_summary(tmp_path):
+    # Rows recorded by two sessions, merged, against the same rows recorded by one session (conftest's own
+    # summary): a family split over both sessions keeps all its cases and its worst metrics.
+    conftest = _gpu_conftest()
+    rows = [
+        ("dense", "a", {"ok": True, "max_abs": 1e-3, "rel_l2": 1e-4, "finite": True, "deterministic": True}),
+        ("dense", "b", {"ok": False, "max_abs": float("nan"), "rel_l2": 2e-4, "finite": False}),
+        ("prefill", "c", {"ok": True, "max_abs": 2e-3, "lse_max_err": float("inf")}),
+        ("dense", "d", {"ok": True, "max_abs": 5e-3, "rel_l2": 3e-4, "deterministic": False}),
+        ("prefill", "e", {"ok": True, "max_abs": 1e-3, "lse_max_err": 1e-5}),
+    ]
+    one, first, second = conftest.NumericsSummary(), conftest.NumericsSummary(), conftest.NumericsSummary()
+    for i, (family, case, result) in enumerate(rows):
+        one.record(family, case, result)
+        (first if i % 2 else second).record(family, case, result)
+    whole = json.loads(json.dumps(one.as_json()))
+    parts = [json.loads(json.dumps(s.as_json())) for s in (first, second)]
+    merged = labtools.merge_summaries(parts)
+    for fam in (*merged["families"].values(), *whole["families"].values()):
+        fam["results"].sort(key=lambda r: r["case"])
+        fam["failed"].sort()
+    assert merged == whole
+    assert merged["families"]["dense"]["worst_case"]["max_abs"] == "b"  # NaN is the worst value
+    empty = labtools.merge_summaries([json.loads(json.dumps(conftest.NumericsSummary().as_json()))])
+    assert empty["cases"] == 0 and empty["ok"] is None and "note" in empty
+
+
+def test_merge_summaries_command_refuses_a_missing_session(tmp_path):
+    part = tmp_path / "a.json"
+    part.write_text(json.dumps({"cases": 0, "ok": None, "failed": [], "families": {}}))
+    proc = run("merge-summaries", str(tmp_path / "out.json"), str(part), str(tmp_path / "b.json"))
+    assert proc.returncode == 1 and "b.json" in proc.stderr and not (tmp_path / "out.json").exists()
+    assert run("merge-summaries", str(tmp_path / "out.json"), str(part)).returncode == 0

@@ -36,12 +36,72 @@ def merge_sanitizer(summary: dict, sanitize: dict) -> dict:
     return {**summary, "sanitizer": {"clean": sanitize["clean"], "families": families}}
 
 
+# The host compilers the lab image may name (its /opt/gcc links libstdc++ statically, which breaks the
+# extension): the banner records them, ci/gpu-lab.sh unsets them.
+COMPILER_VARIABLES = ("CXX", "CC", "CUDAHOSTCXX", "NVCC_CCBIN")
+
+
 def banner() -> str:
-    """The lab's Python, torch and GPU, one line (imports torch)."""
+    """The lab's Python, torch and GPU, and the compiler variables it was started with, one line (imports torch)."""
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"[lab] python {sys.version.split()[0]} torch {torch.__version__} {gpu}"
+    compilers = " ".join(f"{v}={os.environ[v]}" for v in COMPILER_VARIABLES if v in os.environ) or "none set"
+    return f"[lab] python {sys.version.split()[0]} torch {torch.__version__} {gpu}; compiler variables: {compilers}"
+
+
+# tests/gpu runs as several pytest sessions at once: the numerics file has its own pool of cases, every
+# other test runs its op in a subprocess of its own (seconds each), so one serial session outgrows a
+# 10-minute device call. These files get a session each; the rest share one.
+OWN_SESSION = ("test_sm70_numerics.py", "test_routing_gpu.py", "test_tune_gpu.py")
+
+
+def session_groups(gpu_tests: Path) -> list[list[Path]]:
+    """tests/gpu's test files in groups, one pytest session per group (OWN_SESSION first, then the rest)."""
+    files = sorted(gpu_tests.glob("test_*.py"))
+    own = [[f] for name in OWN_SESSION for f in files if f.name == name]
+    rest = [f for f in files if f.name not in OWN_SESSION]
+    return own + ([rest] if rest else [])
+
+
+def _badness(value) -> tuple[int, float]:
+    """A summary metric's order of badness; JSON spells NaN and infinities as strings (tests/gpu/conftest.py)."""
+    if isinstance(value, str):
+        return (1, 0.0) if value == "nan" else (0, float(value))
+    return (0, float(value))
+
+
+def merge_summaries(parts: list[dict]) -> dict:
+    """One gpu-summary.json from the summaries of several pytest sessions (a family in several parts: its
+    cases together, its worst metrics the worst of them)."""
+    families: dict[str, dict] = {}
+    for part in parts:
+        for name, fam in part.get("families", {}).items():
+            if name not in families:
+                families[name] = json.loads(json.dumps(fam))
+                continue
+            into = families[name]
+            into["cases"] += fam["cases"]
+            into["ok"] = into["ok"] and fam["ok"]
+            into["failed"] += fam["failed"]
+            into["results"] += fam["results"]
+            for metric, value in fam["worst"].items():
+                if isinstance(value, bool):
+                    into["worst"][metric] = into["worst"].get(metric, True) and value
+                elif metric not in into["worst"] or _badness(value) > _badness(into["worst"][metric]):
+                    into["worst"][metric] = value
+                    into["worst_case"][metric] = fam["worst_case"][metric]
+    cases = sum(part.get("cases", 0) for part in parts)
+    oks = [part["ok"] for part in parts if part.get("ok") is not None]
+    merged = {
+        "cases": cases,
+        "ok": all(oks) if oks else None,
+        "failed": [f for part in parts for f in part.get("failed", [])],
+        "families": families,
+    }
+    if not cases:
+        merged["note"] = "no numerics case ran in any session"
+    return merged
 
 
 # --- ci/gpu-sanitize.sh ---------------------------------------------------------------------------
@@ -218,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("banner", help="print the lab's Python, torch and GPU (imports torch)")
     p = sub.add_parser("sdist-name", help="print the baseline sdist's file name (baseline.lock)")
     p.add_argument("--root", type=Path, default=Path.cwd())
+    p = sub.add_parser("test-groups", help="print tests/gpu's files, one line per pytest session")
+    p.add_argument("gpu_tests", type=Path)
+    p = sub.add_parser("merge-summaries", help="write OUT from the sessions' summaries (missing ones: an error)")
+    p.add_argument("out", type=Path)
+    p.add_argument("parts", type=Path, nargs="+")
     p = sub.add_parser("merge-sanitizer", help="add sanitize-summary.json's verdicts to gpu-summary.json")
     p.add_argument("summary", type=Path)
     p.add_argument("sanitize", type=Path)
@@ -249,6 +314,15 @@ def main(argv: list[str] | None = None) -> int:
         print(banner())
     elif args.command == "sdist-name":
         print(sdist_name(args.root))
+    elif args.command == "test-groups":
+        for group in session_groups(args.gpu_tests):
+            print(" ".join(str(f) for f in group))
+    elif args.command == "merge-summaries":
+        missing = [str(p) for p in args.parts if not p.is_file()]
+        if missing:
+            print(f"merge-summaries: no summary written by {', '.join(missing)}", file=sys.stderr)
+            return 1
+        _write_json(args.out, merge_summaries([_read_json(p) for p in args.parts]))
     elif args.command == "merge-sanitizer":
         _write_json(args.summary, merge_sanitizer(_read_json(args.summary), _read_json(args.sanitize)))
     elif args.command == "sanitize-filter":
