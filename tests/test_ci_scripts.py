@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from fa2patch import labtools
-
 from helpers import REPO
 
 FAKE_PYTHON = """#!/bin/sh
