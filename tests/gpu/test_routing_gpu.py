@@ -408,9 +408,11 @@ def test_builtin_split_rule(gpu_build):
     asked = [
         {**DECIDE_BASE, "head_dim": 128},
         {**DECIDE_BASE, "max_seqlen_q": 1023},
-        {**DECIDE_BASE, "head_dim": 128, "batch": 2},
-        {**DECIDE_BASE, "head_dim": 128, "window_size_left": 100},
-        {**DECIDE_BASE, "head_dim": 128, "causal": False},
+        # Head dim 256, so that the reason (the long-prefill op's first misfit, routing.cpp
+        # prefill_unfit, which checks the head dim first) is the property under test.
+        {**DECIDE_BASE, "batch": 2},
+        {**DECIDE_BASE, "window_size_left": 100},
+        {**DECIDE_BASE, "causal": False},
         {**DECIDE_BASE, "head_dim": 128, "max_seqlen_q": 1},
         DECIDE_BASE,
     ]
