@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest, require_toolchain
+from helpers import (
+    MINI_FILES,
+    REPO,
+    MiniProject,
+    file_member,
+    locked_toolchain,
+    make_tar,
+    reference_digest,
+    require_toolchain,
+)
 
 
 def toolchain_table() -> str:
@@ -49,6 +58,18 @@ files = {len(MINI_FILES)}
         + toolchain_table()
     )
     return MiniProject(root, tmp_path / "cache", archive)
+
+
+@pytest.fixture(scope="module")
+def clang_cuda(tmp_path_factory):
+    """clang++ and a CUDA path assembled from the pinned wheels, for compiling small kernels
+    (test_toolchain_sass.py, test_report_sass.py)."""
+    from fa2patch import toolchain
+
+    require_toolchain()
+    d = tmp_path_factory.mktemp("cuda")
+    pins = locked_toolchain()
+    return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
 
 
 @pytest.fixture(scope="session")

@@ -83,7 +83,7 @@ def test_decode_grid_by_hand():
     s = shape(1, 1000, 32, 8, 128, b=3)
     its = peer.cta_iterations(s, peer.plan(s))
     assert its == [4] * (15 * 24) + [3] * 24
-    launches, p = peer.peer_launches(s, data=DATA)
+    launches, _p = peer.peer_launches(s, data=DATA)
     assert [x.name for x in launches] == ["kernel_unified_attention", "reduce_segments"]
     assert len(launches[1].iterations) == 3 * 32  # one CTA per token and query head
     short = shape(1, 100, 32, 8, 128, b=3)

@@ -154,7 +154,7 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     gpu = b.gpu_or_nothing()
     arch = arch or gpu["capability"]
     build_dir = ctx.project.build_dir(arch)
-    manifest, artifact = load_manifest(build_dir)
+    _manifest, artifact = load_manifest(build_dir)
     route_list = [r.strip() for r in routes.split(",") if r.strip()] if routes else None
     if route_list is not None and not 1 <= len(route_list) <= 2:
         raise click.BadParameter("give one or two routes", param_hint="--routes")

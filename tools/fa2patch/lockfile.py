@@ -188,8 +188,8 @@ class Lock:
 
     def _patches(self) -> list[PatchEntry]:
         entries = []
-        for i, raw in enumerate(self.doc.get("patches", []), start=1):
-            raw = raw.unwrap()
+        for i, item in enumerate(self.doc.get("patches", []), start=1):
+            raw = item.unwrap()
             fields = PatchEntry.__dataclass_fields__
             if set(raw) != set(fields):
                 raise self._fail(f"patch #{i}: fields {sorted(raw)}, expected {sorted(fields)}")

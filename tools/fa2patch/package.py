@@ -221,9 +221,8 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
     desc = build.BuildDescription.load(workspace)
     desc.arch(arch)
     dest = dest.resolve()
-    if dest.exists() and any(dest.iterdir()):
-        if not force:
-            raise EnvironmentProblem(f"{dest}: exists and is not empty (pass --force to replace it)")
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise EnvironmentProblem(f"{dest}: exists and is not empty (pass --force to replace it)")
     committed = set(repo.git.ls_tree("-r", "--name-only", "HEAD").splitlines())
     paths = tree_paths(desc, arch) + [p for p in TREE_EXTRAS if p in committed]
     dest.parent.mkdir(parents=True, exist_ok=True)

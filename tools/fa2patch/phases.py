@@ -25,7 +25,9 @@ Latencies and pipe rates are data/v100.toml's (each with its source). Predicate 
 not tracked; every listed instruction runs (both sides of a branch), as everywhere in the model.
 """
 
+import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from . import sass
@@ -253,22 +255,21 @@ def serial_runs(instrs: list[sass.Instr], shortest: int = 16) -> list[dict]:
     at = [n for n, i in enumerate(instrs) if base(i.op) == "HMMA"]
     if not at:
         return []
-    gaps = [(a + 1, b - a - 1) for a, b in zip(at, at[1:])] + [(at[-1] + 1, len(instrs) - 1 - at[-1] + at[0])]
+    gaps = [(a + 1, b - a - 1) for a, b in itertools.pairwise(at)] + [(at[-1] + 1, len(instrs) - 1 - at[-1] + at[0])]
     out = []
     for first, n in gaps:
         if n < shortest:
             continue
-        run = [instrs[(first + k) % len(instrs)] for k in range(n)]
-        count = lambda name: sum(1 for i in run if base(i.op) == name)  # noqa: E731
+        count = Counter(base(instrs[(first + k) % len(instrs)].op) for k in range(n))
         out.append(
             {
                 "start": first,
                 "instructions": n,
-                "shuffles": count("SHFL"),
-                "barriers": count("BAR"),
-                "mufu": count("MUFU"),
-                "shared_stores": count("STS"),
-                "shared_loads": count("LDS"),
+                "shuffles": count["SHFL"],
+                "barriers": count["BAR"],
+                "mufu": count["MUFU"],
+                "shared_stores": count["STS"],
+                "shared_loads": count["LDS"],
             }
         )
     return sorted(out, key=lambda r: -r["instructions"])

@@ -55,7 +55,7 @@ def table_route(route: str, splits: int) -> str:
 
 
 def paired_ratios(times: list[float], exact_times: list[float]) -> list[float]:
-    return [t / e for t, e in zip(times, exact_times)]
+    return [t / e for t, e in zip(times, exact_times, strict=True)]
 
 
 def winner(rows: list[dict]) -> dict:
@@ -75,7 +75,7 @@ def winner(rows: list[dict]) -> dict:
 
 
 def geometric_boundary(a: int, b: int) -> int:
-    return int(round(math.sqrt(a * b)))
+    return round(math.sqrt(a * b))
 
 
 def kv_ranges(points: list[tuple[int, tuple]], end: int) -> list[tuple[int, int, tuple]]:

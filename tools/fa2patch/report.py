@@ -113,7 +113,7 @@ def kernel_rows(
         hot = [loop_row(lp, v100, w, cta_w) for lp in f.hot_loops()]
         outside = None
         if geo and "tiles" in geo:  # one kernel, several kinds of tile
-            for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
+            for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start)), strict=True):
                 row["outside"] = outside_row(code, cta_w, v100)
         elif geo and hot:  # one kind of CTA: everything outside its hot loops runs once
             inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
@@ -162,7 +162,7 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
             "limited_by": c["limited_by"],
             "bound": lower_bound(x, card, v100),
         }
-        for x, m, c in zip(launches, model["launches"], cal["launches"])
+        for x, m, c in zip(launches, model["launches"], cal["launches"], strict=True)
     ]
     return {
         "launches": details,
@@ -326,7 +326,7 @@ def read_gqa_plans(artifact: Path, shapes: list[Shape], plans: dict | None = Non
     got = read_extension(artifact, wanted)
     if "error" in got:
         return got, plans
-    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"]))}
+    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"], strict=True))}
 
 
 def report(

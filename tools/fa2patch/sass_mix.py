@@ -225,7 +225,7 @@ def sass_record(function, warps_per_cta: int, v100: dict | None = None) -> dict:
     w = math.ceil(warps_per_cta / 4)
     inside = {i.addr for i in loop.instrs}
     outside = [i for i in function.instrs if i.addr not in inside]
-    counts, mix = mix_of(loop.instrs)
+    _counts, mix = mix_of(loop.instrs)
     return {
         "loop": {
             "instructions": mix.instructions,

@@ -106,7 +106,7 @@ def diffstat(diff: str) -> str:
     summary = f" {len(changes)} file{'s' if len(changes) != 1 else ''} changed"
     summary += f", {adds} insertion{'s' if adds != 1 else ''}(+)" if adds else ""
     summary += f", {dels} deletion{'s' if dels != 1 else ''}(-)" if dels else ""
-    return "\n".join(lines + [summary]) + "\n"
+    return "\n".join([*lines, summary]) + "\n"
 
 
 def slug(subject: str) -> str:

@@ -90,7 +90,7 @@ def nvidia_wheel_dir(name: str) -> Path | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 TORCH_QUERY = Path(__file__).with_name("torch_query.py")
@@ -170,7 +170,7 @@ def find_cuda12_binutil(name: str) -> Path | None:
         return Path(os.environ[f"FA2PATCH_{name.upper()}"])
     spec = importlib.util.find_spec("triton")
     if spec and spec.submodule_search_locations:
-        p = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "bin" / name
+        p = Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin" / name
         if p.exists():
             return p
     nvcc = find_nvcc()
@@ -407,4 +407,4 @@ def demangle(names: list[str]) -> dict[str, str]:
         ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return {n: n for n in names}
-    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+    return dict(zip(names, out, strict=True)) if len(out) == len(names) else {n: n for n in names}

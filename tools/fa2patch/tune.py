@@ -81,7 +81,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     calls = plan.warmup + plan.reps + 1
     total, per_route, stand_in = 0.0, {}, set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
-    for shape, (q, kv) in zip(shapes, plan.points):
+    for shape, (q, kv) in zip(shapes, plan.points, strict=True):
         dense = by_key[(shape.label, EXACT, 1)]
         for route, splits in plan.routes_at(q, kv, gqa):
             name = profile.table_route(route, splits)

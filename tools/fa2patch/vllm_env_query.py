@@ -21,7 +21,7 @@ def package_dir(name: str) -> str | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return list(spec.submodule_search_locations)[0]
+    return next(iter(spec.submodule_search_locations))
 
 
 def distribution(name: str) -> dict | None:
