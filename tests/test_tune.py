@@ -646,6 +646,8 @@ def test_tune_check_good_and_refused(tmp_path):
     proc = fa2patch("tune", "--check", str(bad), "--json")
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["ok"] is False and doc["reason"] == "unknown_route"
+    proc = fa2patch("tune", "--check", str(bad))  # the text form names the file and the reason
+    assert proc.returncode == 1 and proc.stdout.startswith(f"{bad}: REFUSED (") and doc["error"] in proc.stdout
     so = tmp_path / "ext.so"
     so.write_bytes(b"extension")
     proc = fa2patch("tune", "--check", str(good), "--artifact", str(so), "--json")

@@ -360,7 +360,8 @@ def _tune_check(path: Path, artifact: Path | None, this_gpu: bool, as_json: bool
         doc = pf.check_file(path, device, sha256_file(artifact) if artifact else None)
     except pf.ProfileRefused as exc:
         result = {"ok": False, "profile": str(path), "reason": exc.reason, "error": str(exc)}
-        return finish(as_json, result, lambda: f"{path}: REFUSED ({exc})")
+        text = f"{path}: REFUSED ({exc})"  # formatted here: the name exc does not outlive the except block
+        return finish(as_json, result, lambda: text)
     checked = ["format"] + (["extension sha256"] if artifact else []) + (["device"] if device else [])
     result = {
         "ok": True,
