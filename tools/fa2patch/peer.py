@@ -11,7 +11,7 @@ Two halves:
 - ``extract`` (slow, needs the Triton that vLLM's torch pins; not run in CI): compiles the
   kernels for capability 7.0 offline (peer_compile.py), reads their SASS with the same pipeline as
   our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
-  ``sass_mix.outside_row``) and writes data/peer_vllm_triton.toml. Command:
+  ``sass_mix.outside_mix``) and writes data/peer_vllm_triton.toml. Command:
 
       python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python \\
           --out tools/fa2patch/data/peer_vllm_triton.toml
@@ -331,7 +331,7 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
         "spill_stores": ptx.spill_stores,
         "spill_loads": ptx.spill_loads,
         "static_instructions": len(function.instrs),
-        "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside]),
+        "outside": sass_mix.outside_mix([i for i in function.instrs if i.addr not in inside]),
     }
     out["outside"]["model_mix"] = {k: v for k, v in out["outside"]["model_mix"].items() if k != "load_use_gaps"}
     if loop is not None:

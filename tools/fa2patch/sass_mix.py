@@ -147,18 +147,27 @@ def tile_code(function: sass.SassFunction, loops: list[sass.Loop]) -> list[list[
     )
 
 
-def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
-    """A CTA's code outside its hot loop, run once per CTA: its mix (every instruction once), the
-    rounds of global loads it waits for, and its time with ``warps`` warps per sub-partition in
-    phase (phases.once_cycles, those loads included)."""
+def outside_mix(instrs: list[sass.Instr]) -> dict:
+    """A CTA's code outside its hot loop, run once per CTA, untimed: its mix (every instruction
+    once) and the rounds of global loads it waits for (the peer model's record of it)."""
     counts, mix = mix_of(instrs)
-    once = phases.once_cycles(instrs, warps, v100)
     return {
         "instructions": len(instrs),
         "mix": counts,
         "load_rounds": len(mix.load_use_gaps),
+        "model_mix": {**vars(mix), "load_use_gaps": ()},
+    }
+
+
+def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
+    """``outside_mix`` and the code's time with ``warps`` warps per sub-partition in phase
+    (phases.once_cycles, the loads it waits for included)."""
+    row = outside_mix(instrs)
+    once = phases.once_cycles(instrs, warps, v100)
+    return {
+        **{k: row[k] for k in ("instructions", "mix", "load_rounds")},
         "cycles": once,
-        "model_mix": {**vars(mix), "load_use_gaps": (), "critical_cycles": once, "critical_warps": warps},
+        "model_mix": {**row["model_mix"], "critical_cycles": once, "critical_warps": warps},
     }
 
 
