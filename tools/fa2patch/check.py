@@ -9,7 +9,7 @@ from .digest import sha256_file
 from .errors import CheckFailed, Fa2PatchError, mismatch
 from .export import render_series
 from .fetch import cached_archive, verify_archive
-from .lockfile import PIN_RE, Lock
+from .lockfile import PIN_RE, Lock, split_pin
 from .replay import workspace_state
 
 
@@ -29,7 +29,7 @@ def toolchain_pins(lock: Lock, pyproject: Path) -> Finding:
         extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["build"]
     except (tomllib.TOMLDecodeError, KeyError) as exc:
         return Finding("toolchain pins", False, f"{pyproject}: no [project.optional-dependencies] build list ({exc!r})")
-    pinned = dict(PIN_RE.match(r.replace(" ", "")).groups() for r in extra if PIN_RE.match(r.replace(" ", "")))
+    pinned = dict(split_pin(r.replace(" ", "")) for r in extra if PIN_RE.match(r.replace(" ", "")))
     wanted = lock.toolchain.pins()
     if pinned != wanted:
         return Finding(

@@ -33,7 +33,7 @@ def render_series(lock: Lock, workspace: Path) -> list[tuple[str, bytes, str]]:
         )
     rendered = []
     for i, (parent, commit) in enumerate(itertools.pairwise(commits), start=1):
-        patch = PatchFile.from_commit(commit.message, gitws.diff(repo, parent.hexsha, commit.hexsha))
+        patch = PatchFile.from_commit(gitws.commit_message(commit), gitws.diff(repo, parent.hexsha, commit.hexsha))
         if not patch.subject:
             raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} has an empty subject")
         if not patch.diff.strip():

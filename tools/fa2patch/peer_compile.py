@@ -68,7 +68,7 @@ def _stand_ins(triton, tl):
         def __init__(self, dtype):
             self.min, self.max = -FP8_E4M3_MAX, FP8_E4M3_MAX
 
-    quant = enum.IntEnum(
+    KVQuantMode = enum.IntEnum(  # the functional API: the variable has the enum's name
         "KVQuantMode",
         {"NONE": 0, "FP8_PER_TENSOR": 1, "INT8_PER_TOKEN_HEAD": 2, "FP8_PER_TOKEN_HEAD": 3, "INT4_PER_TOKEN_HEAD": 4},
     )
@@ -81,14 +81,14 @@ def _stand_ins(triton, tl):
         "vllm.v1": {},
         "vllm.v1.attention": {},
         "vllm.v1.attention.ops": {},
-        "vllm.v1.kv_cache_interface": {"KVQuantMode": quant},
+        "vllm.v1.kv_cache_interface": {"KVQuantMode": KVQuantMode},
     }
     if importlib.util.find_spec("torch") is None:
         mods["torch"] = {"finfo": Finfo}
     return mods
 
 
-def load_kernels(vllm_src: Path) -> dict:
+def load_kernels(vllm_src: Path) -> types.ModuleType:
     """vLLM's two kernel modules, loaded from ``vllm_src`` under their own names."""
     import triton
     import triton.language as tl
@@ -99,10 +99,13 @@ def load_kernels(vllm_src: Path) -> dict:
         mod.__dict__.update(attrs)
         mod.__path__ = []
         sys.modules[name] = mod
-    out = {}
+    out: dict[str, types.ModuleType] = {}
     for name in MODULES:
         full = f"vllm.v1.attention.ops.{name}"
-        spec = importlib.util.spec_from_file_location(full, vllm_src / "vllm/v1/attention/ops" / f"{name}.py")
+        path = vllm_src / "vllm/v1/attention/ops" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(full, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path}: cannot load it as the module {full}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[full] = mod
         spec.loader.exec_module(mod)

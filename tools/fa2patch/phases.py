@@ -26,6 +26,7 @@ not tracked; every listed instruction runs (both sides of a branch), as everywhe
 """
 
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -103,9 +104,10 @@ def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
     fields = ins.args.split(",")
     if b == "SHFL" and len(fields) > 1:  # SHFL.BFLY PT, R196, R196, 0x8, 0x1f: the result is second
         fields = fields[1:]
-    if b in NO_RESULT or not fields or not _REG.search(fields[0]) or fields[0].strip().startswith("["):
+    result = _REG.search(fields[0]) if fields else None
+    if b in NO_RESULT or result is None or fields[0].strip().startswith("["):
         return {int(r) for r in _REG.findall(ins.args)}, set()
-    first = int(_REG.search(fields[0]).group(1))
+    first = int(result.group(1))
     n = 2 if b in ("HMMA", "CS2R") else width(ins.op)
     return {int(r) for r in _REG.findall(",".join(fields[1:]))}, set(range(first, first + n))
 
@@ -177,19 +179,21 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
     whole = [bars[k] and barrier_threads(instrs[k]) is None for k in range(n)]
     arrived: list[float] = []
     while True:
-        best, best_t = None, None
+        best: Warp | None = None
+        best_t = math.inf
         for w in ws:
             if w.pc >= total or w.waiting:
                 continue
             k = w.pc % n
             t = max([port, *(w.ready.get(r, 0.0) for r in ops[k][0])])
-            if timings[k].pipe is not None:
-                t = max(t, pipes.get(timings[k].pipe, 0.0))
-            if timings[k].pipe == "tensor":
+            pipe = timings[k].pipe
+            if pipe is not None:
+                t = max(t, pipes.get(pipe, 0.0))
+            if pipe == "tensor":
                 t = max(t, w.hmma)
             if bars[k]:
                 t = max(t, w.stores)
-            if best_t is None or t < best_t:
+            if t < best_t:
                 best, best_t = w, t
         if best is None:
             if arrived:  # everyone waits at a CTA barrier: release them

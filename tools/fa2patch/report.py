@@ -28,7 +28,9 @@ calibrate(v100))`` gives the bound, the model and the calibrated time with each 
 details. docs/report-model.md describes the model.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import gqa_route, routes, sass, toolchain
 from .calibration import calibrate, faster_if_separated, with_range
@@ -336,7 +338,7 @@ def report(
     shapes: list[Shape],
     card: Card,
     splits: tuple = (2, 3, 4),
-    anchors: list[Path] = (),
+    anchors: Sequence[Path] = (),
 ) -> dict:
     """The whole report: kernel rows and, for ``shapes``, predictions with their calibration
     (the exact route with split-KV for each of ``splits`` on prefill shapes). ``anchors``: users'
@@ -354,7 +356,7 @@ def report(
         geometry += route_geometry(info, artifact, routes.GQA)
     launch = launch or launches_of(info)
     rows = kernel_rows(artifact, arch, launch, geometry)
-    out = {"arch": arch, "kernels": rows}
+    out: dict[str, Any] = {"arch": arch, "kernels": rows}
     if shapes or anchors:
         v100 = load_v100()
         calibration = calibrate(v100)

@@ -75,9 +75,11 @@ def load_use_gaps(instrs: list[sass.Instr]) -> list[int]:
     between the round's first load and the first instruction that names a register it loads.
     Loads still pending at the end of the iteration are issued ahead (used by the next one) and
     cost no round. Every listed instruction counts (both sides of a branch)."""
-    gaps, pending, first = [], set(), None
+    gaps: list[int] = []
+    pending: set[int] = set()
+    first: int | None = None  # the round's first load: set whenever pending is not empty
     for i, ins in enumerate(instrs):
-        if pending and ins.registers & pending:
+        if pending and first is not None and ins.registers & pending:
             gaps.append(i - first)
             pending, first = set(), None
         if base(ins.op) == "LDG":

@@ -197,14 +197,14 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
     return {
         "blocks_per_sm": blocks,
         "warps_per_sm": blocks * warps,
-        "limited_by": min(limits, key=limits.get),
+        "limited_by": min(limits, key=limits.__getitem__),
         "threads_per_block": threads,
         "shared_bytes": shared,
     }
 
 
 def binding(cycles: dict[str, float]) -> str:
-    return max(cycles, key=cycles.get)
+    return max(cycles, key=cycles.__getitem__)
 
 
 def makespan(durations, slots: int) -> float:
