@@ -74,14 +74,15 @@ def clang_cuda(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_project(tmp_path_factory) -> MiniProject:
-    """A copy of this repository's lock, patches, schemas, budgets and packaging in a temporary project.
+    """A copy of this repository's lock, patches, schemas, budgets, packaging and licence files in a
+    temporary project.
 
     Uses the user's archive cache (fetching the real baseline into it if needed)."""
     import shutil
 
     root = tmp_path_factory.mktemp("real") / "proj"
     root.mkdir()
-    for name in ("baseline.lock", "budgets.toml", "pyproject.toml"):
+    for name in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
         shutil.copy(REPO / name, root / name)
     for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)

@@ -266,7 +266,7 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
 
         pk.packageable(p, arch)  # a lab or check-only build is refused before anything runs
         _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None, (p.root, ctx.workspace(workspace)))
-        result: dict[str, Any] = {"wheel": str(pk.wheel(p, arch, out, rows))}
+        result: dict[str, Any] = {"wheel": str(pk.wheel(p, arch, out, rows, ctx.workspace(workspace)))}
     else:
         result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock(), force)
         result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
