@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MINI_FILES, REPO, MiniProject, file_member, make_tar, reference_digest, require_toolchain
+from helpers import (
+    MINI_FILES,
+    REPO,
+    MiniProject,
+    file_member,
+    locked_toolchain,
+    make_tar,
+    reference_digest,
+    require_toolchain,
+)
 
 
 def toolchain_table() -> str:
@@ -51,16 +60,29 @@ files = {len(MINI_FILES)}
     return MiniProject(root, tmp_path / "cache", archive)
 
 
+@pytest.fixture(scope="module")
+def clang_cuda(tmp_path_factory):
+    """clang++ and a CUDA path assembled from the pinned wheels, for compiling small kernels
+    (test_toolchain_sass.py, test_report_sass.py)."""
+    from fa2patch import toolchain
+
+    require_toolchain()
+    d = tmp_path_factory.mktemp("cuda")
+    pins = locked_toolchain()
+    return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
+
+
 @pytest.fixture(scope="session")
 def real_project(tmp_path_factory) -> MiniProject:
-    """A copy of this repository's lock, patches, schemas, budgets and packaging in a temporary project.
+    """A copy of this repository's lock, patches, schemas, budgets, packaging and licence files in a
+    temporary project.
 
     Uses the user's archive cache (fetching the real baseline into it if needed)."""
     import shutil
 
     root = tmp_path_factory.mktemp("real") / "proj"
     root.mkdir()
-    for name in ("baseline.lock", "budgets.toml", "pyproject.toml"):
+    for name in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
         shutil.copy(REPO / name, root / name)
     for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)

@@ -138,7 +138,7 @@ def _sample(sm, reasons, power=250.0, mem=877, temp=60):
 
 def test_summary_statistics_and_throttle_verdict():
     sms = [1530, 1380, 1290, 1312, 1267]
-    samples = [_sample(s, r) for s, r in zip(sms, [0x1, 0x0, 0x4, 0x4, 0x0])]
+    samples = [_sample(s, r) for s, r in zip(sms, [0x1, 0x0, 0x4, 0x4, 0x0], strict=True)]
     s = gpu_clocks.summarize(samples, 0.01)
     assert s["sm_clock_mhz"] == {"min": 1267, "median": statistics.median(sms), "max": 1530}
     assert s["samples"] == 5 and s["interval_ms"] == 10.0
@@ -336,7 +336,7 @@ def test_markdown_summary_for_an_issue_report():
     header = next(line for line in lines if line.startswith("| shape"))
     cells = [c.strip() for c in header.strip("|").split("|")]
     row = next(line for line in lines if "sm70-gqa-prefill |" in line)
-    values = dict(zip(cells, (c.strip() for c in row.strip("|").split("|"))))
+    values = dict(zip(cells, (c.strip() for c in row.strip("|").split("|")), strict=True))
     assert values["median ms"] == "11.000" and values["min-max ms"] == "10.900-11.200"
     assert values["SM MHz min-med-max"] == "1267-1289.5-1312" and values["power W"] == "250-274.5-299"
     assert values["throttle reasons"] == "sw_power_cap" and values["throttled"] == "**yes**"

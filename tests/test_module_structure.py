@@ -48,8 +48,8 @@ GRAPH = {m: sorted({mod for mod, _ in imports(m) if mod in MODULES and mod != m}
 @lru_cache(None)
 def depth(module: str, seen: tuple = ()) -> int:
     """Modules on the longest import chain from ``module`` (1: it imports none of the package)."""
-    assert module not in seen, f"import cycle: {' -> '.join(seen + (module,))}"
-    return 1 + max((depth(d, seen + (module,)) for d in GRAPH[module]), default=0)
+    assert module not in seen, f"import cycle: {' -> '.join((*seen, module))}"
+    return 1 + max((depth(d, (*seen, module)) for d in GRAPH[module]), default=0)
 
 
 def reach(module: str) -> set[str]:

@@ -83,7 +83,7 @@ def test_decode_grid_by_hand():
     s = shape(1, 1000, 32, 8, 128, b=3)
     its = peer.cta_iterations(s, peer.plan(s))
     assert its == [4] * (15 * 24) + [3] * 24
-    launches, p = peer.peer_launches(s, data=DATA)
+    launches, _p = peer.peer_launches(s, data=DATA)
     assert [x.name for x in launches] == ["kernel_unified_attention", "reduce_segments"]
     assert len(launches[1].iterations) == 3 * 32  # one CTA per token and query head
     short = shape(1, 100, 32, 8, 128, b=3)
@@ -161,6 +161,49 @@ def test_fp16x2_and_local_memory_are_issue_only():
     counts, mix = sass_mix.mix_of(f.instrs)
     assert counts == {"fp16": 2, "local": 2, "fp32": 1}
     assert (mix.fp32, mix.shared_passes, mix.instructions) == (1, 0, 5)
+
+
+LOOP_KERNEL = textwrap.dedent("""
+        code for sm_70
+                Function : k
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/                   LDG.E.SYS R2, [R4] ;
+        /*0020*/                   FFMA R6, R7, R2, R6 ;
+        /*0030*/                   LDS.U.128 R8, [R9] ;
+        /*0040*/                   FFMA R6, R7, R8, R6 ;
+        /*0050*/                   IADD3 R10, R10, 0x1, RZ ;
+        /*0060*/               @P2 BRA 0x20 ;
+        /*0070*/                   STG.E.SYS [R4], R6 ;
+        /*0080*/                   EXIT ;
+        /*0090*/                   BRA 0x90 ;
+""")
+
+
+def test_analyse_reads_a_variant_as_recorded(monkeypatch, tmp_path):
+    """extract's reading of one compiled variant (cuobjdump's output given here): its resources, the
+    main loop and, untimed, the code outside it, with the keys the recorded data has."""
+
+    def cuobjdump(tool, args, path):
+        assert (tool, path) == (Path("cuobjdump"), tmp_path / "k.cubin"), (tool, path)
+        return " Function k:\n  REG:40 STACK:0 SHARED:0 LOCAL:0\n" if "--dump-resource-usage" in args else LOOP_KERNEL
+
+    monkeypatch.setattr(peer.toolchain, "cuobjdump", cuobjdump)
+    log = (
+        "ptxas info    : Compiling entry function 'k' for 'sm_70'\n"
+        "ptxas info    : Function properties for k\n"
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 40 registers, 376 bytes cmem[0]\n"
+    )
+    got = peer.analyse(tmp_path / "k.cubin", log, Path("cuobjdump"))
+    assert (got["registers"], got["spill_stores"], got["static_instructions"]) == (40, 0, 10)
+    assert (got["loop"]["start"], got["loop"]["end"], got["loop"]["instructions"]) == (0x20, 0x60, 5)
+    recorded = DATA["variant"]["d128_g4_2d"]["outside"]
+    assert set(got["outside"]) == set(recorded) == {"instructions", "mix", "load_rounds", "model_mix"}
+    assert set(got["outside"]["model_mix"]) >= set(recorded["model_mix"])
+    assert "load_use_gaps" not in got["outside"]["model_mix"] and not got["outside"]["model_mix"]["critical_cycles"]
+    (f,) = sass.parse_sass(LOOP_KERNEL)
+    outside = [i for i in f.instrs if not 0x20 <= i.addr <= 0x60]
+    assert got["outside"]["instructions"] == 5 and got["outside"]["mix"] == sass_mix.mix_of(outside)[0]
 
 
 @pytest.mark.skipif(

@@ -173,7 +173,9 @@ k = torch.zeros(4, 1, 256, dtype=torch.float16)
 print(json.dumps({
     "plans": [json.loads(ops.gqa_prefill_plan(*s)) for s in shapes],
     "sizes": [ops.gqa_prefill_workspace_bytes(*s) for s in shapes],
-    "refused": [[refusal(lambda: op(*s)) for op in (ops.gqa_prefill_workspace_bytes, ops.gqa_prefill_plan)] for s in bad],
+    "refused": [
+        [refusal(lambda: op(*s)) for op in (ops.gqa_prefill_workspace_bytes, ops.gqa_prefill_plan)] for s in bad
+    ],
     "cpu_call": refusal(lambda: ops.gqa_prefill_fwd(q, k, k, None, None, 4, 0.0625, None)),
     "info": json.loads(ops.build_info())}))
 """
@@ -222,7 +224,9 @@ def test_long_prefill_ops_on_a_gpu_less_machine(long_prefill_ops):
     # rounded up to 256 bytes).
     assert r["sizes"][1] == 198_656
     groups = "num_heads_q must be a multiple of num_heads_k with at most 16 query heads per KV head"
-    for (workspace, plan), why in zip(r["refused"], [groups, groups, "seqlen_q = -1, seqlen_k = 300 out of range"]):
+    for (workspace, plan), why in zip(
+        r["refused"], [groups, groups, "seqlen_q = -1, seqlen_k = 300 out of range"], strict=True
+    ):
         assert workspace == plan and workspace[0] == "ValueError" and why in workspace[1]
     kind, message = r["cpu_call"]
     assert kind == "NotImplementedError" and "'CPU' backend" in message
@@ -250,7 +254,7 @@ def test_long_prefill_plan_op_agrees_with_the_oracle(long_prefill_ops):
     the tests' oracle walk (gqa_oracle.py, written from the documented rules): per shape the block
     size, blocks and packed rows, and per launch its blocks and every CTA's kind and main-loop
     iterations in blockIdx order."""
-    for shape, op in zip(PLAN_SHAPES, long_prefill_ops["plans"]):
+    for shape, op in zip(PLAN_SHAPES, long_prefill_ops["plans"], strict=True):
         expected = gqa_oracle.plan(*shape)
         assert {k: v for k, v in op.items() if k != "workspace_bytes"} == expected, shape
 

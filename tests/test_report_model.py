@@ -105,14 +105,14 @@ def test_makespan_dispatches_ctas_in_order_to_the_first_free_slot():
 
 
 def launch(**kw):
-    base = dict(
-        name="k",
-        loop=LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10),
-        iterations=(3, 1),
-        warps_per_cta=4,
-        ctas_per_sm=1,
-        prologue_load_rounds=0,
-    )
+    base = {
+        "name": "k",
+        "loop": LoopMix(instructions=100, hmma_f32_steps=40, shared_passes=10),
+        "iterations": (3, 1),
+        "warps_per_cta": 4,
+        "ctas_per_sm": 1,
+        "prologue_load_rounds": 0,
+    }
     return KernelLaunch(**{**base, **kw})
 
 

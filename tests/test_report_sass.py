@@ -11,7 +11,7 @@ from fa2patch.errors import EnvironmentProblem
 from fa2patch.report import kernel_rows
 from fa2patch.routes import EXACT, GQA, SPLITKV
 from fa2patch.v100model import load_v100, occupancy
-from test_toolchain_sass import MMA, clang_cuda, compile_cu  # noqa: F401 (clang_cuda is a fixture)
+from test_toolchain_sass import MMA, compile_cu
 
 MMA_F16 = (
     'asm volatile("mma.sync.aligned.m8n8k4.row.col.f16.f16.f16.f16 {%0,%1,%2,%3}, {%4,%5}, {%6,%7}, '
@@ -263,7 +263,7 @@ def test_real_split_kv_route(built_sm70):
     dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4), plans)
     forward = dense["launches"][0]
     assert forward["ctas"] == 64 * 6 and gqa["route"] == GQA
-    for s, p in zip((2, 3, 4), splits):
+    for s, p in zip((2, 3, 4), splits, strict=True):
         fwd, comb = p["launches"]
         assert (p["route"], p["plan"]["splits"]) == (SPLITKV, s)
         assert fwd["ctas"] == s * forward["ctas"] and fwd["cta_iterations"] == forward["cta_iterations"]

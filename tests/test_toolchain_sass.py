@@ -9,7 +9,7 @@ import pytest
 from fa2patch import sass, toolchain
 from fa2patch.build import clang_cuda_flags
 from fa2patch.verify import check_kernels
-from helpers import locked_toolchain, require_toolchain
+from helpers import locked_toolchain
 
 MMA = (
     'asm volatile("mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, '
@@ -31,14 +31,6 @@ TINY = textwrap.dedent(f"""
     }}
     __global__ void no_mma(float* out) {{ out[threadIdx.x] = 2.f * threadIdx.x; }}
 """)
-
-
-@pytest.fixture(scope="module")
-def clang_cuda(tmp_path_factory):
-    require_toolchain()
-    d = tmp_path_factory.mktemp("cuda")
-    pins = locked_toolchain()
-    return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
 
 
 def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
@@ -155,7 +147,7 @@ def test_clang_without_nvcc_macros_turns_cute_mma_into_trap(clang_cuda, tmp_path
     """docs/DESIGN.md §5: the pitfall is real, our flags avoid it, and verify catches it."""
     inc = f"-I{real_workspace / 'csrc' / 'cutlass' / 'include'}"
     tool = toolchain.find_cuda12_binutil("cuobjdump")
-    good, good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
+    good, _good_log = compile_cu(clang_cuda, CUTE_MMA, tmp_path, [inc])
     (f,) = sass.parse_sass(toolchain.cuobjdump(tool, ["-sass"], good))
     assert f.hmma == 4 and f.traps == 0
     (tmp_path / "bad").mkdir()

@@ -6,11 +6,13 @@ fake extension, the run-time estimate and the command line."""
 
 import copy
 import hashlib
+import itertools
 import json
 import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -113,7 +115,7 @@ def test_bad_model_configs_are_refused(doc, message):
 def test_unreadable_config_names_the_file(tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
-    with pytest.raises(EnvironmentProblem, match="config.json: cannot read it as JSON"):
+    with pytest.raises(EnvironmentProblem, match=r"config\.json: cannot read it as JSON"):
         tune_plan.read_model_config(path)
 
 
@@ -171,7 +173,7 @@ def test_chunk_plan_invariants():
         plan = chunk_plan(length, 4096)
         assert sum(q for q, _ in plan) == length and plan[-1][1] == length
         assert all(q == 4096 for q, _ in plan[:-1])
-        assert all(kv == prev + q for (_, prev), (q, kv) in zip([(0, 0)] + plan, plan))
+        assert all(kv == prev + q for (_, prev), (q, kv) in itertools.pairwise([(0, 0), *plan]))
 
 
 def test_q_points():
@@ -199,7 +201,7 @@ def test_every_grid_point_is_a_chunk_vllm_runs(chunk, max_len):
         kvs = sorted(kv for qq, kv in points if qq == q)
         assert kvs[0] == q and kvs[-1] > max_len - chunk
         # geometric: no gap wider than a factor sqrt(2) plus one chunk
-        assert all(b <= a * math.sqrt(2) + chunk for a, b in zip(kvs, kvs[1:]))
+        assert all(b <= a * math.sqrt(2) + chunk for a, b in itertools.pairwise(kvs))
 
 
 # --- decisions from a synthetic measured table ------------------------------------------------------
@@ -644,6 +646,8 @@ def test_tune_check_good_and_refused(tmp_path):
     proc = fa2patch("tune", "--check", str(bad), "--json")
     doc = json.loads(proc.stdout)
     assert proc.returncode == 1 and doc["ok"] is False and doc["reason"] == "unknown_route"
+    proc = fa2patch("tune", "--check", str(bad))  # the text form names the file and the reason
+    assert proc.returncode == 1 and proc.stdout.startswith(f"{bad}: REFUSED (") and doc["error"] in proc.stdout
     so = tmp_path / "ext.so"
     so.write_bytes(b"extension")
     proc = fa2patch("tune", "--check", str(good), "--artifact", str(so), "--json")
@@ -911,9 +915,9 @@ def test_the_extensions_reader_agrees_with_the_validator(tmp_path):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     if got.get("absent"):
         pytest.skip(f"{artifact} has no _profile_check_for_testing (a build before routing profiles)")
-    for (reason, doc, dev, sha), (path, *_), answer in zip(cases, calls, got["results"]):
+    for (reason, _doc, dev, sha), (path, *_), answer in zip(cases, calls, got["results"], strict=True):
         try:
-            profile.validate(json.loads(open(path).read()), path, dev, sha)
+            profile.validate(json.loads(Path(path).read_text()), path, dev, sha)
             python = "in use"
         except profile.ProfileRefused:
             python = "refused"

@@ -105,7 +105,7 @@ def test_the_fit_recovers_known_parameters_from_user_anchors(tmp_path):
     recovers both parameters and every residual is zero; each user anchor is listed with its file,
     shape, route and the clock it ran at."""
     clocks = [1350.0, 1530.0, 1267.0, 1400.0, 1312.0]
-    path = bench_file(tmp_path, [case(s, true_ms(s, clock=k), k) for s, k in zip(SHAPES, clocks)])
+    path = bench_file(tmp_path, [case(s, true_ms(s, clock=k), k) for s, k in zip(SHAPES, clocks, strict=True)])
     user, skipped = u.load([path], launches_for)
     assert skipped == [] and [a["clock_mhz"] for a in user] == clocks
     cal = c.calibrate(V100, data_at(TRUE), user)
@@ -113,7 +113,7 @@ def test_the_fit_recovers_known_parameters_from_user_anchors(tmp_path):
     assert cal["parameters"]["cta_cycles"] == pytest.approx(20000, rel=1e-2)
     rows = [a for a in cal["anchors"] if a["kind"] == "user"]
     assert [(a["file"], a["label"], a["route"], a["clock_mhz"]) for a in rows] == [
-        (str(path), s.label, EXACT, k) for s, k in zip(SHAPES, clocks)
+        (str(path), s.label, EXACT, k) for s, k in zip(SHAPES, clocks, strict=True)
     ]
     assert all(abs(a["residual"]) < 2e-3 and abs(a["loo_residual"]) < 2e-3 for a in rows)
 
@@ -138,7 +138,7 @@ def test_one_user_anchor_off_moves_the_fit_a_little_and_says_so(tmp_path):
     shapes = SHAPES[:4]
     times = [true_ms(s) for s in shapes]
     times[1] *= 1.2
-    path = bench_file(tmp_path, [case(s, t) for s, t in zip(shapes, times)])
+    path = bench_file(tmp_path, [case(s, t) for s, t in zip(shapes, times, strict=True)])
     user, skipped = u.load([path], launches_for)
     before = c.calibrate(V100, data_at(TRUE))
     after = c.calibrate(V100, data_at(TRUE), user)

@@ -111,7 +111,7 @@ def wheel_python(wheel, tmp_path_factory):
     return make_venv(tmp_path_factory.mktemp("venv") / "wheel", wheel)
 
 
-def test_wheel_record_contents_and_tags(wheel, built):
+def test_wheel_record_contents_and_tags(wheel, built, real_workspace):
     manifest = json.loads((built / "manifest.json").read_text())
     torch_version = manifest["torch"]["version"]
     assert wheel.name == (f"fa2patch_vllm-0.1.0+torch{torch_version.replace('+', '.')}-cp39-abi3-linux_x86_64.whl")
@@ -133,6 +133,27 @@ def test_wheel_record_contents_and_tags(wheel, built):
             in zf.read(f"{info}/entry_points.txt").decode()
         )
         assert "Root-Is-Purelib: false" in zf.read(f"{info}/WHEEL").decode()
+        # The licences: fa2patch's, FA2's, and CUTLASS's as the comment that opens cutlass.h in the
+        # tree the extension is built from (the FA2 sdist has no CUTLASS LICENSE.txt).
+        header = (real_workspace / "csrc/cutlass/include/cutlass/cutlass.h").read_bytes()
+        expected = {
+            "LICENSE": (REPO / "LICENSE").read_bytes(),
+            "NOTICE": (REPO / "NOTICE").read_bytes(),
+            "flash-attn/LICENSE": (real_workspace / "LICENSE").read_bytes(),
+            "flash-attn/csrc/cutlass/include/cutlass/cutlass.h.license": header[: header.index(b"*/\n") + 3],
+        }
+        assert (
+            b"SPDX-License-Identifier: BSD-3-Clause"
+            in expected["flash-attn/csrc/cutlass/include/cutlass/cutlass.h.license"]
+        )
+        metadata = zf.read(f"{info}/METADATA").decode()
+        files = [
+            line.removeprefix("License-File: ") for line in metadata.splitlines() if line.startswith("License-File:")
+        ]
+        assert files == list(expected)
+        assert {n for n in names if n.startswith(f"{info}/licenses/")} == {f"{info}/licenses/{n}" for n in expected}
+        for name, data in expected.items():
+            assert zf.read(f"{info}/licenses/{name}") == data, name
         record_json = json.loads(zf.read("fa2patch_vllm/build.json"))
         assert record_json["bundles_extension"] is True
         assert record_json["cxx_standard"] == "c++20" == manifest["cxx_standard"]

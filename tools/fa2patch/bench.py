@@ -62,7 +62,7 @@ def bench(
     """``routes``: one or two route names; None: sm70-dense and the first other route."""
     info = require_build_info(artifact)
     known = routes_of(info)
-    routes = routes or [EXACT] + [n for n in known if n != EXACT][:1]
+    routes = routes or [EXACT, *[n for n in known if n != EXACT][:1]]
     unknown = [r for r in routes if r not in known]
     if unknown:
         raise EnvironmentProblem(
@@ -72,7 +72,7 @@ def bench(
         raise EnvironmentProblem(
             "--shapes: b (batch) and decode are for `report` only; bench times one sequence per shape"
         )
-    idle, max_clock, driver = (smi("clocks.sm,clocks.max.sm,driver_version").split(",") + ["", ""])[:3]
+    idle, max_clock, driver = ([*smi("clocks.sm,clocks.max.sm,driver_version").split(","), "", ""])[:3]
     results = []
     for shape, route in progress([(s, r) for s in shapes for r in routes]):
         r = python_json(

@@ -280,13 +280,16 @@ def plan(
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]
     if comp.kind == "clang":
+        cuda_path = comp.cuda_path
+        if cuda_path is None:
+            raise EnvironmentProblem("clang route: no CUDA folder was assembled for clang's --cuda-path")
         cxx = [*launcher, str(comp.path)]
-        cxx_flags = [*common, "-isystem", str(comp.cuda_path / "include")]
-        cuda_flags = [*common, *clang_cuda_flags(arch, comp.cuda_path, pins.cuda)]
+        cxx_flags = [*common, "-isystem", str(cuda_path / "include")]
+        cuda_flags = [*common, *clang_cuda_flags(arch, cuda_path, pins.cuda)]
         link = [str(comp.path)]
-        link_flags = ["-shared", *libs, f"-L{comp.cuda_path / 'lib64'}", "-lcudart"]
-        ptxas = comp.cuda_path / "bin" / "ptxas"
-        cudart = comp.cuda_path / "lib64" / "libcudart.so"
+        link_flags = ["-shared", *libs, f"-L{cuda_path / 'lib64'}", "-lcudart"]
+        ptxas = cuda_path / "bin" / "ptxas"
+        cudart = cuda_path / "lib64" / "libcudart.so"
     else:
         host = comp.host_cxx
         if host is None:

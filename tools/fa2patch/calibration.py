@@ -19,6 +19,7 @@ do not overlap.
 """
 
 import math
+from collections.abc import Sequence
 
 from .v100model import (
     Calibration,
@@ -169,7 +170,7 @@ def fit(
 
     def cost(x):
         cal = cal_of(x)
-        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers)) + max(0.0, -x[1]) ** 2
+        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers, strict=True)) + max(0.0, -x[1]) ** 2
 
     return cal_of(nelder_mead(cost, list(start), [0.2, 2.0]))
 
@@ -183,31 +184,38 @@ def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterat
         points, values = [points[i] for i in order], [values[i] for i in order]
         if values[-1] - values[0] < tol:
             break
-        centre = [sum(c) / (len(points) - 1) for c in zip(*points[:-1])]
-        toward = lambda t: [c + t * (w - c) for c, w in zip(centre, points[-1])]  # noqa: E731
-        reflected = toward(-1.0)
+        centre = [sum(c) / (len(points) - 1) for c in zip(*points[:-1], strict=True)]
+        worst = points[-1]
+        reflected = _toward(centre, worst, -1.0)
         fr = f(reflected)
         if fr < values[0]:
-            expanded = toward(-2.0)
+            expanded = _toward(centre, worst, -2.0)
             fe = f(expanded)
             points[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
         elif fr < values[-2]:
             points[-1], values[-1] = reflected, fr
         else:
-            inner = toward(0.5)
+            inner = _toward(centre, worst, 0.5)
             fi = f(inner)
             if fi < values[-1]:
                 points[-1], values[-1] = inner, fi
             else:
-                points = [points[0]] + [[b + 0.5 * (p - b) for b, p in zip(points[0], q)] for q in points[1:]]
+                points = [points[0]] + [
+                    [b + 0.5 * (p - b) for b, p in zip(points[0], q, strict=True)] for q in points[1:]
+                ]
                 values = [values[0]] + [f(p) for p in points[1:]]
     return points[min(range(len(points)), key=values.__getitem__)]
+
+
+def _toward(centre: list[float], worst: list[float], t: float) -> list[float]:
+    """The point ``t`` of the way from ``centre`` to ``worst`` (t < 0: beyond the centre, away from it)."""
+    return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
 
 
 _CACHE: dict = {}
 
 
-def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dict] = ()) -> dict:
+def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence[dict] = ()) -> dict:
     """The fitted parameters, each anchor (source, measured, model, calibrated, residual,
     leave-one-out residual) and the range rule. Refitted on every run (cached for the default
     data within one process). ``user``: anchors from users' bench files (user_anchors.py), fitted
@@ -248,7 +256,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dic
                 **{k: a[k] for k in USER_FIELDS if k in a},
             }
         )
-    loo = [r["loo_residual"] for r in rows]
+    loos = [r["loo_residual"] for r in rows]
     targets = data.get("targets", {"residual": 0.10, "loo": 0.15})
     held = [r for r in rows if not r["outlier"] and r["kind"] == "published"]
     out = {
@@ -256,7 +264,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: list[dic
         "anchors": rows,
         "targets": targets,
         "residual_range": [min(r["residual"] for r in rows), max(r["residual"] for r in rows)],
-        "loo_range": [min(loo), max(loo)],
+        "loo_range": [min(loos), max(loos)],
         "within_targets": all(
             abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"] for r in held
         ),

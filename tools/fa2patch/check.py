@@ -9,7 +9,7 @@ from .digest import sha256_file
 from .errors import CheckFailed, Fa2PatchError, mismatch
 from .export import render_series
 from .fetch import cached_archive, verify_archive
-from .lockfile import PIN_RE, Lock
+from .lockfile import PIN_RE, Lock, split_pin
 from .replay import workspace_state
 
 
@@ -29,7 +29,7 @@ def toolchain_pins(lock: Lock, pyproject: Path) -> Finding:
         extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["build"]
     except (tomllib.TOMLDecodeError, KeyError) as exc:
         return Finding("toolchain pins", False, f"{pyproject}: no [project.optional-dependencies] build list ({exc!r})")
-    pinned = dict(PIN_RE.match(r.replace(" ", "")).groups() for r in extra if PIN_RE.match(r.replace(" ", "")))
+    pinned = dict(split_pin(r.replace(" ", "")) for r in extra if PIN_RE.match(r.replace(" ", "")))
     wanted = lock.toolchain.pins()
     if pinned != wanted:
         return Finding(
@@ -104,7 +104,9 @@ def check(lock: Lock, patches_dir: Path, workspace: Path, pyproject: Path) -> li
                 "workspace series", False, mismatch("patch list", str(workspace), [e.file for e in lock.patches], names)
             )
         )
-    for (name, data, _), entry in zip(rendered, lock.patches):
+    # strict=False: a different patch list is reported just above; the patches at the same places
+    # are still compared, each by its own bytes.
+    for (name, data, _), entry in zip(rendered, lock.patches, strict=False):
         path = patches_dir / entry.file
         same = path.is_file() and path.read_bytes() == data
         findings.append(

@@ -5,6 +5,7 @@ ships."""
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -265,16 +266,16 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
 
         pk.packageable(p, arch)  # a lab or check-only build is refused before anything runs
         _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None, (p.root, ctx.workspace(workspace)))
-        result = {"wheel": str(pk.wheel(p, arch, out, rows))}
+        result: dict[str, Any] = {"wheel": str(pk.wheel(p, arch, out, rows, ctx.workspace(workspace)))}
     else:
         result = pk.vllm_source_tree(p, ctx.workspace(workspace), vllm_src, arch, ctx.lock(), force)
         result["wheel"] = str(pk.plugin_wheel(p, out, result["source_tree_digest"]))
-    if result.get("source_matches_lock") is False:
-        click.echo(
-            "warning: the workspace tree differs from the lock (unexported work); this source "
-            "tree is not the locked series",
-            err=True,
-        )
+        if result["source_matches_lock"] is False:
+            click.echo(
+                "warning: the workspace tree differs from the lock (unexported work); this source "
+                "tree is not the locked series",
+                err=True,
+            )
     return finish(
         as_json,
         {"ok": True, **result},

@@ -154,7 +154,7 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     gpu = b.gpu_or_nothing()
     arch = arch or gpu["capability"]
     build_dir = ctx.project.build_dir(arch)
-    manifest, artifact = load_manifest(build_dir)
+    _manifest, artifact = load_manifest(build_dir)
     route_list = [r.strip() for r in routes.split(",") if r.strip()] if routes else None
     if route_list is not None and not 1 <= len(route_list) <= 2:
         raise click.BadParameter("give one or two routes", param_hint="--routes")
@@ -360,7 +360,8 @@ def _tune_check(path: Path, artifact: Path | None, this_gpu: bool, as_json: bool
         doc = pf.check_file(path, device, sha256_file(artifact) if artifact else None)
     except pf.ProfileRefused as exc:
         result = {"ok": False, "profile": str(path), "reason": exc.reason, "error": str(exc)}
-        return finish(as_json, result, lambda: f"{path}: REFUSED ({exc})")
+        text = f"{path}: REFUSED ({exc})"  # formatted here: the name exc does not outlive the except block
+        return finish(as_json, result, lambda: text)
     checked = ["format"] + (["extension sha256"] if artifact else []) + (["device"] if device else [])
     result = {
         "ok": True,

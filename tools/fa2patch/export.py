@@ -7,6 +7,7 @@ after every patch rendered, and stale patch files are removed, so patches/ alway
 the lock that is written with it.
 """
 
+import itertools
 from pathlib import Path
 
 from . import gitws
@@ -31,8 +32,8 @@ def render_series(lock: Lock, workspace: Path) -> list[tuple[str, bytes, str]]:
             mismatch("pristine tree digest", f"{workspace} (root commit)", lock.baseline.tree_digest, pristine)
         )
     rendered = []
-    for i, (parent, commit) in enumerate(zip(commits, commits[1:]), start=1):
-        patch = PatchFile.from_commit(commit.message, gitws.diff(repo, parent.hexsha, commit.hexsha))
+    for i, (parent, commit) in enumerate(itertools.pairwise(commits), start=1):
+        patch = PatchFile.from_commit(gitws.commit_message(commit), gitws.diff(repo, parent.hexsha, commit.hexsha))
         if not patch.subject:
             raise CheckFailed(f"{workspace}: commit {commit.hexsha[:12]} has an empty subject")
         if not patch.diff.strip():

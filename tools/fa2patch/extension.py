@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .digest import sha256_file
@@ -143,7 +144,7 @@ print(json.dumps({"build_info": json.loads(ops.build_info()), "gqa_plans": plans
 """
 
 
-def read_extension(artifact: Path, gqa_sizes: list[tuple[int, int, int, int]] = ()) -> dict:
+def read_extension(artifact: Path, gqa_sizes: Sequence[tuple[int, int, int, int]] = ()) -> dict:
     """{build_info, gqa_plans} read in one subprocess (torch, no GPU): build_info() and, for each
     (seqlen_q, seqlen_k, num_heads_q, num_heads_k) of ``gqa_sizes``, gqa_prefill_plan's JSON, or
     {error, refused: true} where the op refuses the sizes, or {error} where the build has no such op;

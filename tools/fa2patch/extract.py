@@ -19,7 +19,7 @@ def _unsafe(archive: Path, member: str, why: str) -> CheckFailed:
     return CheckFailed(f"{archive}: refusing unsafe archive member {member!r}: {why}")
 
 
-def _checked_relpath(archive: Path, m: tarfile.TarInfo, top_dir: str) -> str | None:
+def _checked_relpath(archive: Path, m: tarfile.TarInfo, top_dir: str) -> str:
     """Path of ``m`` below ``top_dir`` ('' for the top folder itself)."""
     name = m.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
@@ -66,7 +66,10 @@ def safe_extract(archive: Path, top_dir: str, dest: Path) -> int:
             if m.issym():
                 out.symlink_to(m.linkname)
             else:
-                with tar.extractfile(m) as src, open(out, "wb") as f:
+                data = tar.extractfile(m)
+                if data is None:  # only regular files reach here, and they have data
+                    raise _unsafe(archive, m.name, "no data for a regular file")
+                with data as src, open(out, "wb") as f:
                     while chunk := src.read(1 << 20):
                         f.write(chunk)
                 out.chmod(0o755 if m.mode & 0o111 else 0o644)

@@ -74,11 +74,17 @@ def uncommitted_paths(repo: git.Repo) -> list[str]:
     return out.splitlines()
 
 
+def commit_message(commit: git.Commit) -> str:
+    """The commit's message (GitPython gives bytes where it cannot decode it: kept byte for byte)."""
+    message = commit.message
+    return message if isinstance(message, str) else message.decode("utf-8", "surrogateescape")
+
+
 def series_commits(repo: git.Repo) -> list[git.Commit]:
     """The first-parent chain from the pristine root to HEAD, oldest first."""
     commits = list(repo.iter_commits("HEAD", first_parent=True))
     commits.reverse()
-    if not commits or PRISTINE_TRAILER not in commits[0].message:
+    if not commits or PRISTINE_TRAILER not in commit_message(commits[0]):
         raise EnvironmentProblem(f"{repo.working_dir}: the root commit is not a fa2patch pristine import")
     for c in commits[1:]:
         if len(c.parents) != 1:

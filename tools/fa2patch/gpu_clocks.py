@@ -27,6 +27,7 @@ Everything here takes the NVML module as an argument, so tests use a fake one.
 import statistics
 import threading
 import time
+from typing import Any
 
 REASONS = {
     0x1: "gpu_idle",
@@ -114,7 +115,7 @@ class Sampler:
         self.nvml, self.handle, self.interval_s, self.clock = nvml, handle, interval_s, clock
         self.samples: list[dict] = []
         self._stop = threading.Event()
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._t0 = 0.0
 
     def _read(self, fn):
@@ -152,7 +153,8 @@ class Sampler:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self.samples.append(self.sample())
         return False
 
@@ -160,12 +162,12 @@ class Sampler:
         return summarize(self.samples, self.interval_s)
 
 
-def spread(values: list[float]) -> dict | None:
+def spread(values: list[float | None]) -> dict | None:
     """min / median / max of the values that are not None; None when there are none."""
-    values = [v for v in values if v is not None]
-    if not values:
+    present = [v for v in values if v is not None]
+    if not present:
         return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+    return {"min": min(present), "median": statistics.median(present), "max": max(present)}
 
 
 def summarize(samples: list[dict], interval_s: float | None = None) -> dict:
@@ -194,12 +196,12 @@ def _or(masks: list[int]) -> int:
 def merge(summaries: list[dict | None]) -> dict | None:
     """One summary over several cases' summaries: the extremes of their mins and maxes, the median
     of their medians, the union of their reasons, and how many cases ran throttled."""
-    summaries = [s for s in summaries if s]
-    if not summaries:
+    present = [s for s in summaries if s]
+    if not present:
         return None
-    out = {"cases": len(summaries), "samples": sum(s["samples"] for s in summaries)}
+    out: dict[str, Any] = {"cases": len(present), "samples": sum(s["samples"] for s in present)}
     for q in QUANTITIES:
-        parts = [s[q] for s in summaries if s.get(q)]
+        parts = [s[q] for s in present if s.get(q)]
         out[q] = (
             {
                 "min": min(p["min"] for p in parts),
@@ -209,10 +211,10 @@ def merge(summaries: list[dict | None]) -> dict | None:
             if parts
             else None
         )
-    seen = {r for s in summaries for r in s["throttle_reasons_seen"]}
+    seen = {r for s in present for r in s["throttle_reasons_seen"]}
     order = list(REASONS.values())
     out["throttle_reasons_seen"] = sorted(seen, key=lambda r: order.index(r) if r in order else len(order))
-    out["cases_throttled"] = sum(1 for s in summaries if s.get("throttled"))
+    out["cases_throttled"] = sum(1 for s in present if s.get("throttled"))
     return out
 
 

@@ -65,11 +65,19 @@ class Toolchain:
 
     def pins(self) -> dict[str, str]:
         """{distribution name: pinned version} of every pinned Python package."""
-        return dict(PIN_RE.match(p).groups() for p in (f"torch=={self.torch}", *self.wheels))
+        return dict(split_pin(p) for p in (f"torch=={self.torch}", *self.wheels))
 
     @property
     def fatbinary_pin(self) -> tuple[str, str]:
-        return PIN_RE.match(self.fatbinary_wheel).groups()
+        return split_pin(self.fatbinary_wheel)
+
+
+def split_pin(pin: str) -> tuple[str, str]:
+    """("name", "version") of "name==version" (the lock's pins are checked to have that form)."""
+    m = PIN_RE.match(pin)
+    if m is None:
+        raise ValueError(f"{pin!r} is not NAME==VERSION")
+    return m.group(1), m.group(2)
 
 
 @dataclass(frozen=True)
@@ -167,8 +175,8 @@ class Lock:
         return b
 
     def _toolchain(self) -> Toolchain:
-        t = self._table("toolchain", Toolchain, {"wheels": list})
-        t = Toolchain(**{**t, "wheels": tuple(t["wheels"])})
+        raw = self._table("toolchain", Toolchain, {"wheels": list})
+        t = Toolchain(**{**raw, "wheels": tuple(raw["wheels"])})
         if not re.fullmatch(r"\d+\.\d+", t.cuda) or not re.fullmatch(r"\d+", t.clang):
             raise self._fail(f"[toolchain] cuda must be MAJOR.MINOR and clang MAJOR, got {t.cuda!r} and {t.clang!r}")
         if not re.fullmatch(r"\d+(\.\d+)*", t.torch):
@@ -177,7 +185,7 @@ class Lock:
             if not isinstance(pin, str) or not PIN_RE.match(pin):
                 raise self._fail(f"[toolchain] {pin!r} is not NAME==VERSION")
         for pin in t.wheels:  # the CUDA wheels are the release that `cuda` names
-            version = PIN_RE.match(pin).group(2)
+            _, version = split_pin(pin)
             if not version.startswith(t.cuda + "."):
                 raise CheckFailed(
                     mismatch(
@@ -188,8 +196,8 @@ class Lock:
 
     def _patches(self) -> list[PatchEntry]:
         entries = []
-        for i, raw in enumerate(self.doc.get("patches", []), start=1):
-            raw = raw.unwrap()
+        for i, item in enumerate(self.doc.get("patches", []), start=1):
+            raw = item.unwrap()
             fields = PatchEntry.__dataclass_fields__
             if set(raw) != set(fields):
                 raise self._fail(f"patch #{i}: fields {sorted(raw)}, expected {sorted(fields)}")

@@ -40,6 +40,12 @@ DIST = "fa2patch_vllm"  # distribution and import name
 ENTRY_POINTS = "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register\n"
 PLUGIN_FILES = ("__init__.py", "plugin.py")
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+LICENSES = ("LICENSE", "NOTICE")  # fa2patch's, at the project root: in every wheel
+# In the extension's wheel, from the FA2 tree: FA2's LICENSE, and CUTLASS's licence as the release
+# states it (the FA2 sdist ships csrc/cutlass without CUTLASS's LICENSE.txt): the comment that opens
+# cutlass.h, stored as a REUSE-style <file>.license next to the path it comes from.
+FA2_LICENSE = "LICENSE"
+CUTLASS_LICENSED_HEADER = "csrc/cutlass/include/cutlass/cutlass.h"
 # Besides the build's include folders: the build description and FA2's licence.
 TREE_EXTRAS = ("fa2patch-build.toml", "LICENSE", "AUTHORS")
 # vLLM's fork ships FA2's Triton rotary kernel as vllm.vllm_flash_attn.layers.rotary (vLLM's
@@ -54,14 +60,20 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def write_wheel(out_dir: Path, version: str, tag: str, files: dict[str, bytes], summary: str) -> Path:
-    """A wheel of ``files`` ({archive path: bytes}) with metadata, entry points and RECORD."""
+def write_wheel(
+    out_dir: Path, version: str, tag: str, files: dict[str, bytes], summary: str, licenses: dict[str, bytes]
+) -> Path:
+    """A wheel of ``files`` ({archive path: bytes}) with metadata, entry points and RECORD;
+    ``licenses`` ({path below the dist-info's licenses/: bytes}) go there, each named by a
+    License-File line of METADATA (PEP 639, core metadata 2.4)."""
     info = f"{DIST}-{version}.dist-info"
     purelib = tag.endswith("-none-any")
     meta = {
         f"{info}/METADATA": (
-            f"Metadata-Version: 2.1\nName: {DIST.replace('_', '-')}\nVersion: {version}\n"
-            f"Summary: {summary}\nRequires-Python: >=3.9\n"
+            f"Metadata-Version: 2.4\nName: {DIST.replace('_', '-')}\nVersion: {version}\n"
+            f"Summary: {summary}\nLicense-Expression: BSD-3-Clause\n"
+            + "".join(f"License-File: {name}\n" for name in licenses)
+            + "Requires-Python: >=3.9\n"
         ),
         f"{info}/WHEEL": (
             f"Wheel-Version: 1.0\nGenerator: fa2patch {__version__}\n"
@@ -69,7 +81,11 @@ def write_wheel(out_dir: Path, version: str, tag: str, files: dict[str, bytes], 
         ),
         f"{info}/entry_points.txt": ENTRY_POINTS,
     }
-    entries = {**files, **{k: v.encode() for k, v in meta.items()}}
+    entries = {
+        **files,
+        **{f"{info}/licenses/{name}": data for name, data in licenses.items()},
+        **{k: v.encode() for k, v in meta.items()},
+    }
     record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in sorted(entries.items()))
     entries[f"{info}/RECORD"] = (record + f"{info}/RECORD,,\n").encode()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +107,38 @@ def plugin_files(project: Project) -> dict[str, bytes]:
     if missing:
         raise EnvironmentProblem(f"{folder}: the vLLM plugin package is incomplete (missing {missing})")
     return {f"{DIST}/{n}": (folder / n).read_bytes() for n in PLUGIN_FILES}
+
+
+def own_licenses(project: Project) -> dict[str, bytes]:
+    """fa2patch's LICENSE and NOTICE (the project root's), for every wheel."""
+    missing = [n for n in LICENSES if not (project.root / n).is_file()]
+    if missing:
+        raise EnvironmentProblem(f"{project.root}: no {' or '.join(missing)} to put in the wheel")
+    return {n: (project.root / n).read_bytes() for n in LICENSES}
+
+
+def tree_licenses(workspace: Path) -> dict[str, bytes]:
+    """The licences of the code the extension is compiled from, from the replayed FA2 tree, under
+    flash-attn/ by their paths in it: FA2's LICENSE, and CUTLASS's (``license_comment`` of
+    cutlass.h) as cutlass.h.license."""
+    missing = [p for p in (FA2_LICENSE, CUTLASS_LICENSED_HEADER) if not (workspace / p).is_file()]
+    if missing:
+        raise EnvironmentProblem(f"{workspace}: no {', '.join(missing)} (is it the replayed FA2 tree?)")
+    return {
+        f"flash-attn/{FA2_LICENSE}": (workspace / FA2_LICENSE).read_bytes(),
+        f"flash-attn/{CUTLASS_LICENSED_HEADER}.license": license_comment(workspace / CUTLASS_LICENSED_HEADER),
+    }
+
+
+def license_comment(path: Path) -> bytes:
+    """The comment that opens ``path`` (its first bytes up to the line that closes it), when it
+    holds a BSD-3-Clause licence text: byte for byte."""
+    data = path.read_bytes()
+    end = data.find(b"*/\n") if data.startswith(b"/*") else -1
+    comment = data[: end + 3] if end >= 0 else b""
+    if b"SPDX-License-Identifier: BSD-3-Clause" not in comment or b"Redistribution and use" not in comment:
+        raise EnvironmentProblem(f"{path}: does not open with a comment holding its BSD-3-Clause licence")
+    return comment
 
 
 def platform_tag() -> str:
@@ -116,8 +164,10 @@ def packageable(project: Project, arch: str) -> tuple[dict, Path]:
     return manifest, artifact
 
 
-def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list) -> Path:
-    """The extension of build/<arch> (already verified: ``verified_rows``) with the plugin."""
+def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list, workspace: Path) -> Path:
+    """The extension of build/<arch> (already verified: ``verified_rows``) with the plugin, and
+    the licences of fa2patch and of the code compiled into the extension (from ``workspace``,
+    the FA2 tree it is built from)."""
     manifest, artifact = packageable(project, arch)
     failed = [r for r in verified_rows if not r.ok]
     if failed:
@@ -151,6 +201,7 @@ def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list) -> Pa
         f"{py}-{platform_tag()}",
         files,
         f"fa2patch's _vllm_fa2_C ({arch}, torch {torch['version']}) and its vLLM plugin",
+        {**own_licenses(project), **tree_licenses(workspace)},
     )
 
 
@@ -164,6 +215,7 @@ def plugin_wheel(project: Project, out_dir: Path, source_digest: str) -> Path:
         "py3-none-any",
         files,
         "vLLM plugin for fa2patch's _vllm_fa2_C built by vLLM from fa2patch's source tree",
+        own_licenses(project),
     )
 
 
@@ -221,9 +273,8 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
     desc = build.BuildDescription.load(workspace)
     desc.arch(arch)
     dest = dest.resolve()
-    if dest.exists() and any(dest.iterdir()):
-        if not force:
-            raise EnvironmentProblem(f"{dest}: exists and is not empty (pass --force to replace it)")
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise EnvironmentProblem(f"{dest}: exists and is not empty (pass --force to replace it)")
     committed = set(repo.git.ls_tree("-r", "--name-only", "HEAD").splitlines())
     paths = tree_paths(desc, arch) + [p for p in TREE_EXTRAS if p in committed]
     dest.parent.mkdir(parents=True, exist_ok=True)

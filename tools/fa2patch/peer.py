@@ -11,7 +11,7 @@ Two halves:
 - ``extract`` (slow, needs the Triton that vLLM's torch pins; not run in CI): compiles the
   kernels for capability 7.0 offline (peer_compile.py), reads their SASS with the same pipeline as
   our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
-  ``sass_mix.outside_row``) and writes data/peer_vllm_triton.toml. Command:
+  ``sass_mix.outside_mix``) and writes data/peer_vllm_triton.toml. Command:
 
       python -m fa2patch.peer extract --python /work/scratch/peer-venv/bin/python \\
           --out tools/fa2patch/data/peer_vllm_triton.toml
@@ -33,8 +33,10 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from . import peer_compile, sass, sass_mix, toolchain
 from .errors import EnvironmentProblem
@@ -107,7 +109,7 @@ def cta_iterations(shape: Shape, p: dict) -> list[int | None]:
     starts = [i * shape.q // bq + i for i in range(shape.b)]
     per_head = []
     for z in range(p["segments"]):
-        row = []
+        row: list[int | None] = []
         seq = 0
         for g in range(blocks):
             while seq + 1 < shape.b and starts[seq + 1] <= g:
@@ -147,7 +149,7 @@ def mix(d: dict) -> LoopMix:
 
 def runs(kinds: dict[str, CtaKind], order: list[tuple[str, int]]) -> list[CtaKind]:
     """CTAs of named kinds in launch order, as runs of one kind each."""
-    out = []
+    out: list[tuple[str, list[int]]] = []
     for name, its in order:
         if out and out[-1][0] == name:
             out[-1][1].append(its)
@@ -254,12 +256,12 @@ def peer_estimate(shape: Shape, card: Card, data: dict | None = None, v100: dict
     }
 
 
-def render(rows: list[dict], predictions: list[dict] = ()) -> str:
+def render(rows: list[dict], predictions: Sequence[dict] = ()) -> str:
     """The peer's section of `report`: per shape its plan, model time and bounds, and the ratio of
     its model time to each of our routes' model time for the same shape (both uncalibrated)."""
     from .tables import table
 
-    ours = {}
+    ours: dict[str, list[dict]] = {}
     for p in predictions:
         ours.setdefault(p["label"], []).append(p)
     cells = [
@@ -325,13 +327,13 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
     ):
         raise ValueError(f"{cubin}: the main loop at {loop.start:#x} has inner loops: trip counts unknown")
     inside = {i.addr for i in loop.instrs} if loop else set()
-    out = {
+    out: dict[str, Any] = {
         "registers": res.registers,
         "stack": res.stack,
         "spill_stores": ptx.spill_stores,
         "spill_loads": ptx.spill_loads,
         "static_instructions": len(function.instrs),
-        "outside": sass_mix.outside_row([i for i in function.instrs if i.addr not in inside]),
+        "outside": sass_mix.outside_mix([i for i in function.instrs if i.addr not in inside]),
     }
     out["outside"]["model_mix"] = {k: v for k, v in out["outside"]["model_mix"].items() if k != "load_use_gaps"}
     if loop is not None:
@@ -364,6 +366,8 @@ def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
     )
     compiled = json.loads((out_dir / "compile.json").read_text())
     tool = toolchain.find_cuda12_binutil("cuobjdump")
+    if tool is None:
+        raise EnvironmentProblem(f"cuobjdump: not found\n  install: {toolchain.PIP_BUILD}")
     version = subprocess.run([str(tool), "--version"], capture_output=True, text=True).stdout.split("release ")[-1]
     variants = {}
     for name, meta in compiled["variants"].items():

@@ -68,7 +68,7 @@ def _stand_ins(triton, tl):
         def __init__(self, dtype):
             self.min, self.max = -FP8_E4M3_MAX, FP8_E4M3_MAX
 
-    quant = enum.IntEnum(
+    KVQuantMode = enum.IntEnum(  # the functional API: the variable has the enum's name
         "KVQuantMode",
         {"NONE": 0, "FP8_PER_TENSOR": 1, "INT8_PER_TOKEN_HEAD": 2, "FP8_PER_TOKEN_HEAD": 3, "INT4_PER_TOKEN_HEAD": 4},
     )
@@ -81,14 +81,14 @@ def _stand_ins(triton, tl):
         "vllm.v1": {},
         "vllm.v1.attention": {},
         "vllm.v1.attention.ops": {},
-        "vllm.v1.kv_cache_interface": {"KVQuantMode": quant},
+        "vllm.v1.kv_cache_interface": {"KVQuantMode": KVQuantMode},
     }
     if importlib.util.find_spec("torch") is None:
         mods["torch"] = {"finfo": Finfo}
     return mods
 
 
-def load_kernels(vllm_src: Path) -> dict:
+def load_kernels(vllm_src: Path) -> types.ModuleType:
     """vLLM's two kernel modules, loaded from ``vllm_src`` under their own names."""
     import triton
     import triton.language as tl
@@ -99,10 +99,13 @@ def load_kernels(vllm_src: Path) -> dict:
         mod.__dict__.update(attrs)
         mod.__path__ = []
         sys.modules[name] = mod
-    out = {}
+    out: dict[str, types.ModuleType] = {}
     for name in MODULES:
         full = f"vllm.v1.attention.ops.{name}"
-        spec = importlib.util.spec_from_file_location(full, vllm_src / "vllm/v1/attention/ops" / f"{name}.py")
+        path = vllm_src / "vllm/v1/attention/ops" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(full, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path}: cannot load it as the module {full}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[full] = mod
         spec.loader.exec_module(mod)
@@ -142,108 +145,108 @@ def launch_args(variant: str) -> dict:
     bm = block_m(group)
     f16, f32, i32 = (lambda address=0, t=t: _Tensor(t, address) for t in ("float16", "float32", "int32"))
     if kernel == "reduce_segments":
-        return dict(
-            output_ptr=f16(),
-            segm_output_ptr=f32(),
-            segm_max_ptr=f32(),
-            segm_expsum_ptr=f32(),
-            seq_lens_ptr=i32(),
-            num_seqs=1,
-            num_query_heads=hq,
-            out_scale_inv=1.0,
-            output_stride_0=hq * d,
-            output_stride_1=d,
-            block_table_stride=MAX_BLOCKS_PER_SEQ,
-            TILE_SIZE=tile,
-            HEAD_SIZE=d,
-            HEAD_SIZE_PADDED=d,
-            query_start_len_ptr=i32(),
-            BLOCK_Q=bm // group,
-            NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS,
-            USE_FP8=False,
-            FP8_MIN=-FP8_E4M3_MAX,
-            FP8_MAX=FP8_E4M3_MAX,
-        )
+        return {
+            "output_ptr": f16(),
+            "segm_output_ptr": f32(),
+            "segm_max_ptr": f32(),
+            "segm_expsum_ptr": f32(),
+            "seq_lens_ptr": i32(),
+            "num_seqs": 1,
+            "num_query_heads": hq,
+            "out_scale_inv": 1.0,
+            "output_stride_0": hq * d,
+            "output_stride_1": d,
+            "block_table_stride": MAX_BLOCKS_PER_SEQ,
+            "TILE_SIZE": tile,
+            "HEAD_SIZE": d,
+            "HEAD_SIZE_PADDED": d,
+            "query_start_len_ptr": i32(),
+            "BLOCK_Q": bm // group,
+            "NUM_SEGMENTS_PER_SEQ": NUM_SEGMENTS,
+            "USE_FP8": False,
+            "FP8_MIN": -FP8_E4M3_MAX,
+            "FP8_MAX": FP8_E4M3_MAX,
+        }
     row = 2 * d  # K and V views of one (block, kv head, 16, 2*D) cache
     strides = (hkv * BLOCK_SIZE * row, row, BLOCK_SIZE * row, 1)
     segm = f32() if is_3d else None
-    return dict(
-        output_ptr=f16(),
-        segm_output_ptr=segm,
-        segm_max_ptr=segm,
-        segm_expsum_ptr=segm,
-        query_ptr=f16(),
-        key_cache_ptr=f16(),
-        value_cache_ptr=f16(2 * d),
-        sink_ptr=None,
-        block_tables_ptr=i32(),
-        seq_lens_ptr=i32(),
-        alibi_slopes_ptr=None,
-        qq_bias_ptr=None,
-        k_scale_cache_ptr=None,
-        v_scale_cache_ptr=None,
-        scale=d**-0.5,
-        q_scale=None,
-        k_scale=f32(),
-        v_scale=f32(),
-        out_scale=1.0,
-        softcap=0,
-        num_query_heads=hq,
-        num_queries_per_kv=group,
-        block_table_stride=MAX_BLOCKS_PER_SEQ,
-        query_stride_0=hq * d,
-        query_stride_1=d,
-        output_stride_0=hq * d,
-        output_stride_1=d,
-        qq_bias_stride_0=0,
-        BLOCK_SIZE=BLOCK_SIZE,
-        TILE_SIZE=tile,
-        HEAD_SIZE=d,
-        HEAD_SIZE_PADDED=d,
-        USE_ALIBI_SLOPES=False,
-        USE_ALIBI_SQRT=False,
-        USE_QQ_BIAS=False,
-        USE_SOFTCAP=False,
-        USE_SINKS=False,
-        SLIDING_WINDOW=0,
-        USE_CAUSAL=True,
-        USE_PER_SEQ_CAUSAL=False,
-        per_seq_causal_ptr=None,
-        USE_MM_PREFIX=False,
-        MAX_MM_RANGES=0,
-        mm_prefix_range_ptr=None,
-        rswa_prefix_lens_ptr=i32(),
-        R_SWA_WINDOW=0,
-        USE_R_SWA=False,
-        stride_k_cache_0=strides[0],
-        stride_k_cache_1=strides[1],
-        stride_k_cache_2=strides[2],
-        stride_k_cache_3=strides[3],
-        stride_v_cache_0=strides[0],
-        stride_v_cache_1=strides[1],
-        stride_v_cache_2=strides[2],
-        stride_v_cache_3=strides[3],
-        stride_ks_blk=None,
-        stride_ks_slot=None,
-        stride_ks_head=None,
-        stride_vs_blk=None,
-        stride_vs_slot=None,
-        stride_vs_head=None,
-        query_start_len_ptr=i32(),
-        BLOCK_Q=bm // group,
-        num_seqs=1,
-        BLOCK_M=bm,
-        NUM_SEGMENTS_PER_SEQ=NUM_SEGMENTS if is_3d else 1,
-        USE_FP8=False,
-        IS_3D=is_3d,
-        KV_QUANT_MODE=0,
-        Q_IS_FP8=False,
-        CHUNK_LOOKBACK=-1,
-        CHUNK_SIZE=-1,
-        USE_TD=False,
-        USE_TD_QO=False,
-        MM_PREFIX_CLAMP_SW=False,
-    )
+    return {
+        "output_ptr": f16(),
+        "segm_output_ptr": segm,
+        "segm_max_ptr": segm,
+        "segm_expsum_ptr": segm,
+        "query_ptr": f16(),
+        "key_cache_ptr": f16(),
+        "value_cache_ptr": f16(2 * d),
+        "sink_ptr": None,
+        "block_tables_ptr": i32(),
+        "seq_lens_ptr": i32(),
+        "alibi_slopes_ptr": None,
+        "qq_bias_ptr": None,
+        "k_scale_cache_ptr": None,
+        "v_scale_cache_ptr": None,
+        "scale": d**-0.5,
+        "q_scale": None,
+        "k_scale": f32(),
+        "v_scale": f32(),
+        "out_scale": 1.0,
+        "softcap": 0,
+        "num_query_heads": hq,
+        "num_queries_per_kv": group,
+        "block_table_stride": MAX_BLOCKS_PER_SEQ,
+        "query_stride_0": hq * d,
+        "query_stride_1": d,
+        "output_stride_0": hq * d,
+        "output_stride_1": d,
+        "qq_bias_stride_0": 0,
+        "BLOCK_SIZE": BLOCK_SIZE,
+        "TILE_SIZE": tile,
+        "HEAD_SIZE": d,
+        "HEAD_SIZE_PADDED": d,
+        "USE_ALIBI_SLOPES": False,
+        "USE_ALIBI_SQRT": False,
+        "USE_QQ_BIAS": False,
+        "USE_SOFTCAP": False,
+        "USE_SINKS": False,
+        "SLIDING_WINDOW": 0,
+        "USE_CAUSAL": True,
+        "USE_PER_SEQ_CAUSAL": False,
+        "per_seq_causal_ptr": None,
+        "USE_MM_PREFIX": False,
+        "MAX_MM_RANGES": 0,
+        "mm_prefix_range_ptr": None,
+        "rswa_prefix_lens_ptr": i32(),
+        "R_SWA_WINDOW": 0,
+        "USE_R_SWA": False,
+        "stride_k_cache_0": strides[0],
+        "stride_k_cache_1": strides[1],
+        "stride_k_cache_2": strides[2],
+        "stride_k_cache_3": strides[3],
+        "stride_v_cache_0": strides[0],
+        "stride_v_cache_1": strides[1],
+        "stride_v_cache_2": strides[2],
+        "stride_v_cache_3": strides[3],
+        "stride_ks_blk": None,
+        "stride_ks_slot": None,
+        "stride_ks_head": None,
+        "stride_vs_blk": None,
+        "stride_vs_slot": None,
+        "stride_vs_head": None,
+        "query_start_len_ptr": i32(),
+        "BLOCK_Q": bm // group,
+        "num_seqs": 1,
+        "BLOCK_M": bm,
+        "NUM_SEGMENTS_PER_SEQ": NUM_SEGMENTS if is_3d else 1,
+        "USE_FP8": False,
+        "IS_3D": is_3d,
+        "KV_QUANT_MODE": 0,
+        "Q_IS_FP8": False,
+        "CHUNK_LOOKBACK": -1,
+        "CHUNK_SIZE": -1,
+        "USE_TD": False,
+        "USE_TD_QO": False,
+        "MM_PREFIX_CLAMP_SW": False,
+    }
 
 
 def compile_variant(module, variant: str, out: Path) -> dict:

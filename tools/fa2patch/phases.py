@@ -25,7 +25,10 @@ Latencies and pipe rates are data/v100.toml's (each with its source). Predicate 
 not tracked; every listed instruction runs (both sides of a branch), as everywhere in the model.
 """
 
+import itertools
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from . import sass
@@ -101,9 +104,10 @@ def operands(ins: sass.Instr) -> tuple[set[int], set[int]]:
     fields = ins.args.split(",")
     if b == "SHFL" and len(fields) > 1:  # SHFL.BFLY PT, R196, R196, 0x8, 0x1f: the result is second
         fields = fields[1:]
-    if b in NO_RESULT or not fields or not _REG.search(fields[0]) or fields[0].strip().startswith("["):
+    result = _REG.search(fields[0]) if fields else None
+    if b in NO_RESULT or result is None or fields[0].strip().startswith("["):
         return {int(r) for r in _REG.findall(ins.args)}, set()
-    first = int(_REG.search(fields[0]).group(1))
+    first = int(result.group(1))
     n = 2 if b in ("HMMA", "CS2R") else width(ins.op)
     return {int(r) for r in _REG.findall(",".join(fields[1:]))}, set(range(first, first + n))
 
@@ -175,19 +179,21 @@ def simulate(instrs: list[sass.Instr], warps: int, v100: dict, iterations: int) 
     whole = [bars[k] and barrier_threads(instrs[k]) is None for k in range(n)]
     arrived: list[float] = []
     while True:
-        best, best_t = None, None
+        best: Warp | None = None
+        best_t = math.inf
         for w in ws:
             if w.pc >= total or w.waiting:
                 continue
             k = w.pc % n
             t = max([port, *(w.ready.get(r, 0.0) for r in ops[k][0])])
-            if timings[k].pipe is not None:
-                t = max(t, pipes.get(timings[k].pipe, 0.0))
-            if timings[k].pipe == "tensor":
+            pipe = timings[k].pipe
+            if pipe is not None:
+                t = max(t, pipes.get(pipe, 0.0))
+            if pipe == "tensor":
                 t = max(t, w.hmma)
             if bars[k]:
                 t = max(t, w.stores)
-            if best_t is None or t < best_t:
+            if t < best_t:
                 best, best_t = w, t
         if best is None:
             if arrived:  # everyone waits at a CTA barrier: release them
@@ -253,22 +259,21 @@ def serial_runs(instrs: list[sass.Instr], shortest: int = 16) -> list[dict]:
     at = [n for n, i in enumerate(instrs) if base(i.op) == "HMMA"]
     if not at:
         return []
-    gaps = [(a + 1, b - a - 1) for a, b in zip(at, at[1:])] + [(at[-1] + 1, len(instrs) - 1 - at[-1] + at[0])]
+    gaps = [(a + 1, b - a - 1) for a, b in itertools.pairwise(at)] + [(at[-1] + 1, len(instrs) - 1 - at[-1] + at[0])]
     out = []
     for first, n in gaps:
         if n < shortest:
             continue
-        run = [instrs[(first + k) % len(instrs)] for k in range(n)]
-        count = lambda name: sum(1 for i in run if base(i.op) == name)  # noqa: E731
+        count = Counter(base(instrs[(first + k) % len(instrs)].op) for k in range(n))
         out.append(
             {
                 "start": first,
                 "instructions": n,
-                "shuffles": count("SHFL"),
-                "barriers": count("BAR"),
-                "mufu": count("MUFU"),
-                "shared_stores": count("STS"),
-                "shared_loads": count("LDS"),
+                "shuffles": count["SHFL"],
+                "barriers": count["BAR"],
+                "mufu": count["MUFU"],
+                "shared_stores": count["STS"],
+                "shared_loads": count["LDS"],
             }
         )
     return sorted(out, key=lambda r: -r["instructions"])

@@ -22,6 +22,7 @@ import math
 import re
 import statistics
 from pathlib import Path
+from typing import Any
 
 from .errors import CheckFailed
 from .routes import EXACT, GQA, SPLITKV
@@ -55,7 +56,7 @@ def table_route(route: str, splits: int) -> str:
 
 
 def paired_ratios(times: list[float], exact_times: list[float]) -> list[float]:
-    return [t / e for t, e in zip(times, exact_times)]
+    return [t / e for t, e in zip(times, exact_times, strict=True)]
 
 
 def winner(rows: list[dict]) -> dict:
@@ -63,7 +64,7 @@ def winner(rows: list[dict]) -> dict:
     fastest route that beats the exact route by more than the spread of their paired ratios, else
     the exact route. Returns {route, splits, median_ratio, spread}."""
     exact = next(r for r in rows if r["route"] == EXACT and r.get("splits", 1) == 1)
-    best = {"route": EXACT, "splits": 1, "median_ratio": 1.0, "spread": 0.0}
+    best: dict[str, Any] = {"route": EXACT, "splits": 1, "median_ratio": 1.0, "spread": 0.0}
     for r in rows:
         if r is exact or not r.get("ok") or not r.get("times_ms"):
             continue
@@ -75,24 +76,22 @@ def winner(rows: list[dict]) -> dict:
 
 
 def geometric_boundary(a: int, b: int) -> int:
-    return int(round(math.sqrt(a * b)))
+    return round(math.sqrt(a * b))
 
 
 def kv_ranges(points: list[tuple[int, tuple]], end: int) -> list[tuple[int, int, tuple]]:
     """[(lo, hi, label)] from [(kv, label)] sorted by kv: neighbours with one label merge; a change
     of label between kv_a and kv_b puts the boundary at sqrt(kv_a kv_b). Covers [0, end)."""
     points = sorted(points)
-    out = []
+    starts: list[tuple[int, tuple]] = []  # (lo, label) where the label changes
     for i, (kv, label) in enumerate(points):
-        lo = 0 if i == 0 else geometric_boundary(points[i - 1][0], kv)
-        if out and out[-1][2] == label:
+        if starts and starts[-1][1] == label:
             continue
-        if out:
-            out[-1] = (out[-1][0], lo, out[-1][2])
-        out.append((lo, None, label))
-    if out:
-        out[-1] = (out[-1][0], max(end, points[-1][0] + 1), out[-1][2])
-    return out
+        starts.append((0 if i == 0 else geometric_boundary(points[i - 1][0], kv), label))
+    if not starts:
+        return []
+    ends = [lo for lo, _ in starts[1:]] + [max(end, points[-1][0] + 1)]
+    return [(lo, hi, label) for (lo, label), hi in zip(starts, ends, strict=True)]
 
 
 def q_range(q: int, rows_per_cta: int) -> tuple[int, int]:

@@ -22,7 +22,7 @@ def attention_ref(
 
     ``compute_dtype=torch.float16`` gives the "fp16 torch" result of FA2's criterion.
     """
-    sq, hq, d = q.shape
+    sq, hq, _d = q.shape
     sk, hk, _ = k.shape
     if hq % hk:
         raise ValueError(f"hq={hq} is not a multiple of hk={hk}")
@@ -73,7 +73,13 @@ def attention_ref_chunked(
     (the offset becomes r0 + sk - sq) and every key's index (ALiBi is unchanged)."""
     sq, hq, d = q.shape
     sk = k.shape[0]
-    kw = dict(causal=causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes, compute_dtype=compute_dtype)
+    kw = {
+        "causal": causal,
+        "window": window,
+        "softcap": softcap,
+        "alibi_slopes": alibi_slopes,
+        "compute_dtype": compute_dtype,
+    }
     rows = max(1, max_elems // max(1, hq * sk))
     if rows >= sq:
         return attention_ref(q, k, v, scale, **kw)

@@ -131,7 +131,7 @@ def _build(lock: Lock, archive: Path, patches, tmp: Path, echo) -> None:
         )
     repo = gitws.init_repo(tmp)
     gitws.commit_all(repo, f"{b.project} {b.version} (pristine)\n\n{gitws.PRISTINE_TRAILER}\n", lock.identity)
-    for (path, patch), entry in zip(patches, lock.patches):
+    for (path, patch), entry in zip(patches, lock.patches, strict=True):
         echo(f"apply {path.name}")
         diff_file = tmp / ".git" / "fa2patch-apply.diff"
         diff_file.write_bytes(patch.diff.encode("utf-8", "surrogateescape"))

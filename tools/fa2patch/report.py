@@ -28,7 +28,9 @@ calibrate(v100))`` gives the bound, the model and the calibrated time with each 
 details. docs/report-model.md describes the model.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import gqa_route, routes, sass, toolchain
 from .calibration import calibrate, faster_if_separated, with_range
@@ -113,7 +115,7 @@ def kernel_rows(
         hot = [loop_row(lp, v100, w, cta_w) for lp in f.hot_loops()]
         outside = None
         if geo and "tiles" in geo:  # one kernel, several kinds of tile
-            for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start))):
+            for row, code in zip(hot, tile_code(f, sorted(f.hot_loops(), key=lambda lp: lp.start)), strict=True):
                 row["outside"] = outside_row(code, cta_w, v100)
         elif geo and hot:  # one kind of CTA: everything outside its hot loops runs once
             inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
@@ -162,7 +164,7 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
             "limited_by": c["limited_by"],
             "bound": lower_bound(x, card, v100),
         }
-        for x, m, c in zip(launches, model["launches"], cal["launches"])
+        for x, m, c in zip(launches, model["launches"], cal["launches"], strict=True)
     ]
     return {
         "launches": details,
@@ -326,7 +328,7 @@ def read_gqa_plans(artifact: Path, shapes: list[Shape], plans: dict | None = Non
     got = read_extension(artifact, wanted)
     if "error" in got:
         return got, plans
-    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"]))}
+    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"], strict=True))}
 
 
 def report(
@@ -336,7 +338,7 @@ def report(
     shapes: list[Shape],
     card: Card,
     splits: tuple = (2, 3, 4),
-    anchors: list[Path] = (),
+    anchors: Sequence[Path] = (),
 ) -> dict:
     """The whole report: kernel rows and, for ``shapes``, predictions with their calibration
     (the exact route with split-KV for each of ``splits`` on prefill shapes). ``anchors``: users'
@@ -354,7 +356,7 @@ def report(
         geometry += route_geometry(info, artifact, routes.GQA)
     launch = launch or launches_of(info)
     rows = kernel_rows(artifact, arch, launch, geometry)
-    out = {"arch": arch, "kernels": rows}
+    out: dict[str, Any] = {"arch": arch, "kernels": rows}
     if shapes or anchors:
         v100 = load_v100()
         calibration = calibrate(v100)

@@ -75,9 +75,11 @@ def load_use_gaps(instrs: list[sass.Instr]) -> list[int]:
     between the round's first load and the first instruction that names a register it loads.
     Loads still pending at the end of the iteration are issued ahead (used by the next one) and
     cost no round. Every listed instruction counts (both sides of a branch)."""
-    gaps, pending, first = [], set(), None
+    gaps: list[int] = []
+    pending: set[int] = set()
+    first: int | None = None  # the round's first load: set whenever pending is not empty
     for i, ins in enumerate(instrs):
-        if pending and ins.registers & pending:
+        if pending and first is not None and ins.registers & pending:
             gaps.append(i - first)
             pending, first = set(), None
         if base(ins.op) == "LDG":
@@ -147,18 +149,27 @@ def tile_code(function: sass.SassFunction, loops: list[sass.Loop]) -> list[list[
     )
 
 
-def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
-    """A CTA's code outside its hot loop, run once per CTA: its mix (every instruction once), the
-    rounds of global loads it waits for, and its time with ``warps`` warps per sub-partition in
-    phase (phases.once_cycles, those loads included)."""
+def outside_mix(instrs: list[sass.Instr]) -> dict:
+    """A CTA's code outside its hot loop, run once per CTA, untimed: its mix (every instruction
+    once) and the rounds of global loads it waits for (the peer model's record of it)."""
     counts, mix = mix_of(instrs)
-    once = phases.once_cycles(instrs, warps, v100)
     return {
         "instructions": len(instrs),
         "mix": counts,
         "load_rounds": len(mix.load_use_gaps),
+        "model_mix": {**vars(mix), "load_use_gaps": ()},
+    }
+
+
+def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
+    """``outside_mix`` and the code's time with ``warps`` warps per sub-partition in phase
+    (phases.once_cycles, the loads it waits for included)."""
+    row = outside_mix(instrs)
+    once = phases.once_cycles(instrs, warps, v100)
+    return {
+        **{k: row[k] for k in ("instructions", "mix", "load_rounds")},
         "cycles": once,
-        "model_mix": {**vars(mix), "load_use_gaps": (), "critical_cycles": once, "critical_warps": warps},
+        "model_mix": {**row["model_mix"], "critical_cycles": once, "critical_warps": warps},
     }
 
 
@@ -225,7 +236,7 @@ def sass_record(function, warps_per_cta: int, v100: dict | None = None) -> dict:
     w = math.ceil(warps_per_cta / 4)
     inside = {i.addr for i in loop.instrs}
     outside = [i for i in function.instrs if i.addr not in inside]
-    counts, mix = mix_of(loop.instrs)
+    _counts, mix = mix_of(loop.instrs)
     return {
         "loop": {
             "instructions": mix.instructions,

@@ -19,6 +19,7 @@ commit message again on replay.
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import mismatch
 
@@ -66,7 +67,7 @@ class PatchFile:
 
 def file_changes(diff: str) -> list[tuple[str, int, int, bool]]:
     """(path, added lines, removed lines, binary) per file of a `git diff --no-renames` text."""
-    files = []
+    files: list[list[Any]] = []  # [path, added, removed, binary], counted as the diff is read
     in_hunk = False
     for line in diff.splitlines():
         if line.startswith(DIFF_START):
@@ -83,7 +84,7 @@ def file_changes(diff: str) -> list[tuple[str, int, int, bool]]:
             files[-1][2] += 1
         elif not in_hunk and line.startswith(("GIT binary patch", "Binary files ")):
             files[-1][3] = True
-    return [tuple(f) for f in files]
+    return [(path, added, removed, binary) for path, added, removed, binary in files]
 
 
 def diffstat(diff: str) -> str:
@@ -106,7 +107,7 @@ def diffstat(diff: str) -> str:
     summary = f" {len(changes)} file{'s' if len(changes) != 1 else ''} changed"
     summary += f", {adds} insertion{'s' if adds != 1 else ''}(+)" if adds else ""
     summary += f", {dels} deletion{'s' if dels != 1 else ''}(-)" if dels else ""
-    return "\n".join(lines + [summary]) + "\n"
+    return "\n".join([*lines, summary]) + "\n"
 
 
 def slug(subject: str) -> str:

@@ -12,8 +12,8 @@ def table(rows: list[list], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in first) for i in range(len(header))]
     indent = " " * (sum(widths[:-1]) + 2 * (len(widths) - 1))
     lines = []
-    for r, f in zip(cells, first):
-        lines.append("  ".join(c.ljust(w) for c, w in zip(f, widths)).rstrip())
+    for r, f in zip(cells, first, strict=True):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(f, widths, strict=True)).rstrip())
         lines += [indent + extra for extra in (r[-1].splitlines()[1:] if r[-1] else [])]
     lines.insert(1, "  ".join("-" * w for w in widths).rstrip())
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import EnvironmentProblem, mismatch
-from .lockfile import Toolchain
+from .lockfile import Toolchain, split_pin
 
 PIP_BUILD = "python -m pip install -e '.[build]'"
 CUDA_HEADER_WHEELS = ("cuda_runtime", "cuda_nvcc", "cuda_cccl", "cublas", "cusparse", "cusolver", "curand")
@@ -55,7 +55,11 @@ def installed_version(distribution: str) -> str | None:
 
 def pinned_wheels(pins: Toolchain) -> list[tuple[str, str, str | None]]:
     """(name, pinned version, installed version or None) of each wheel of the clang route."""
-    return [(*pin.split("=="), installed_version(pin.split("==")[0])) for pin in (*pins.wheels, pins.fatbinary_wheel)]
+    out = []
+    for pin in (*pins.wheels, pins.fatbinary_wheel):
+        name, version = split_pin(pin)
+        out.append((name, version, installed_version(name)))
+    return out
 
 
 def wheel_pin_problems(pins: Toolchain, fatbinary: Path | None) -> list[str]:
@@ -90,7 +94,7 @@ def nvidia_wheel_dir(name: str) -> Path | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 TORCH_QUERY = Path(__file__).with_name("torch_query.py")
@@ -170,7 +174,7 @@ def find_cuda12_binutil(name: str) -> Path | None:
         return Path(os.environ[f"FA2PATCH_{name.upper()}"])
     spec = importlib.util.find_spec("triton")
     if spec and spec.submodule_search_locations:
-        p = Path(list(spec.submodule_search_locations)[0]) / "backends" / "nvidia" / "bin" / name
+        p = Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin" / name
         if p.exists():
             return p
     nvcc = find_nvcc()
@@ -210,6 +214,12 @@ def assemble_cuda_path(dest: Path, pins: Toolchain) -> Path:
             + "; ".join(problems + (["no fatbinary"] if fatbinary is None else []))
             + f"\n  install: {PIP_BUILD}; {pip_fatbinary(pins)}"
         )
+    nvcc_wheel, runtime_wheel = nvidia_wheel_dir("cuda_nvcc"), nvidia_wheel_dir("cuda_runtime")
+    if nvcc_wheel is None or runtime_wheel is None:
+        raise EnvironmentProblem(
+            "clang route: the folder of the nvidia-cuda-nvcc-cu12 or nvidia-cuda-runtime-cu12 wheel is not found"
+            f"\n  install: {PIP_BUILD}"
+        )
     if dest.exists():
         shutil.rmtree(dest)
     for sub in ("bin", "include", "lib64", "nvvm/libdevice"):
@@ -219,11 +229,10 @@ def assemble_cuda_path(dest: Path, pins: Toolchain) -> Path:
         if wdir is None or not (wdir / "include").is_dir():
             continue
         _link_tree(wdir / "include", dest / "include")
-    nvcc_wheel = nvidia_wheel_dir("cuda_nvcc")
     (dest / "bin" / "ptxas").symlink_to(nvcc_wheel / "bin" / "ptxas")
     (dest / "bin" / "fatbinary").symlink_to(fatbinary)
     (dest / "nvvm" / "libdevice" / "libdevice.10.bc").symlink_to(nvcc_wheel / "nvvm" / "libdevice" / "libdevice.10.bc")
-    (dest / "lib64" / "libcudart.so").symlink_to(nvidia_wheel_dir("cuda_runtime") / "lib" / "libcudart.so.12")
+    (dest / "lib64" / "libcudart.so").symlink_to(runtime_wheel / "lib" / "libcudart.so.12")
     return dest
 
 
@@ -407,4 +416,4 @@ def demangle(names: list[str]) -> dict[str, str]:
         ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
         return {n: n for n in names}
-    return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
+    return dict(zip(names, out, strict=True)) if len(out) == len(names) else {n: n for n in names}

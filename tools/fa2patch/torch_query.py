@@ -21,7 +21,7 @@ def facts() -> dict:
         "cuda": torch.version.cuda,
         # The arch list torch's own kernels were built for; readable without a GPU (unlike
         # torch.cuda.get_arch_list(), which is empty when no GPU is present).
-        "arch_list": torch._C._cuda_getArchFlags().split() if hasattr(torch._C, "_cuda_getArchFlags") else [],
+        "arch_list": (torch._C._cuda_getArchFlags() or "").split() if hasattr(torch._C, "_cuda_getArchFlags") else [],
         "include": cpp_extension.include_paths(),
         "lib": cpp_extension.library_paths(),
         "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),

@@ -79,9 +79,11 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         for p in predictions
     }
     calls = plan.warmup + plan.reps + 1
-    total, per_route, stand_in = 0.0, {}, set()
+    total = 0.0
+    per_route: dict[str, float] = {}
+    stand_in: set[str] = set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
-    for shape, (q, kv) in zip(shapes, plan.points):
+    for shape, (q, kv) in zip(shapes, plan.points, strict=True):
         dense = by_key[(shape.label, EXACT, 1)]
         for route, splits in plan.routes_at(q, kv, gqa):
             name = profile.table_route(route, splits)
@@ -118,8 +120,10 @@ def run(artifact: Path, plan: Plan, progress=None) -> dict:
     env.pop("FA2PATCH_ROUTING_PROFILE", None)
     env.pop(ENV_EXACT, None)
     start, points = None, []
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(
+    # The with block closes the pipe and waits for the worker also when reading its output fails.
+    with (
+        tempfile.TemporaryFile("w+") as err,
+        subprocess.Popen(
             [
                 sys.executable,
                 "-c",
@@ -131,7 +135,10 @@ def run(artifact: Path, plan: Plan, progress=None) -> dict:
             stderr=err,
             text=True,
             env=env,
-        )
+        ) as proc,
+    ):
+        if proc.stdout is None:  # stdout=PIPE always gives one
+            raise EnvironmentProblem("tune's worker started without a pipe for its output")
         for line in proc.stdout:
             if not line.startswith("{"):
                 continue

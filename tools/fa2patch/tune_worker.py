@@ -238,7 +238,7 @@ def worker() -> None:
                     "capability": [props.major, props.minor],
                 },
                 "software": {"torch": torch.__version__, "cuda": torch.version.cuda, "driver": driver},
-                "extension": {"path": loaded, "sha256": sha256_file(loaded)},
+                "extension": {"path": loaded, "sha256": sha256_file(Path(loaded))},
                 "split_hook": split_hook(ops) is not None,
                 "gqa": gqa,
                 "rows_per_cta": dense[0]["rows_per_cta"] if dense else 64,

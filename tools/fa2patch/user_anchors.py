@@ -16,6 +16,7 @@ residual and leave-one-out residual.
 
 import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import EnvironmentProblem
@@ -69,14 +70,14 @@ def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[
         clock = case_clock(case)
         if why is None and clock is None:
             why = "no clock: NVML was not sampled and nvidia-smi gave none"
-        if why is None:
+        elif why is None and clock is not None:
             shape = Shape(**case["shape"])
             card = Card(doc["sms"], clock[0])
             try:
                 launches = launches_for(shape, route, card)
             except EnvironmentProblem as exc:
                 why = str(exc)
-        if why is not None:
+        if why is not None or clock is None:  # no clock: always with its reason
             skipped.append({"file": str(path), "label": label, "route": route, "reason": why})
             continue
         anchors.append(
@@ -105,12 +106,12 @@ def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[
     return anchors, skipped
 
 
-def shapes_of(paths: list[Path]) -> list[Shape]:
+def shapes_of(paths: Sequence[Path]) -> list[Shape]:
     """The shapes of every case of the bench files (for what report reads from the extension first)."""
     return [Shape(**case["shape"]) for p in paths for case in read_bench(p)["results"] if "shape" in case]
 
 
-def load(paths: list[Path], launches_for) -> tuple[list[dict], list[dict]]:
+def load(paths: Sequence[Path], launches_for) -> tuple[list[dict], list[dict]]:
     """Every file's anchors and skipped cases; an unreadable or non-SM70 file refuses the run."""
     docs = [(Path(p), read_bench(p)) for p in paths]
     anchors, skipped = [], []
@@ -125,7 +126,7 @@ def summary(cal: dict) -> dict:
     return {k: cal[k] for k in ("parameters", "residual_range", "loo_range")} | {"anchors": len(cal["anchors"])}
 
 
-def movement(before: dict, after: dict, files: list[Path], skipped: list[dict]) -> dict:
+def movement(before: dict, after: dict, files: Sequence[Path], skipped: list[dict]) -> dict:
     """How the fit moved: the published anchors' fit, the fit with the user anchors, each user
     anchor (file, shape, route, clock, measured, calibrated, residual, leave-one-out residual)."""
     user = [

@@ -197,14 +197,14 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
     return {
         "blocks_per_sm": blocks,
         "warps_per_sm": blocks * warps,
-        "limited_by": min(limits, key=limits.get),
+        "limited_by": min(limits, key=limits.__getitem__),
         "threads_per_block": threads,
         "shared_bytes": shared,
     }
 
 
 def binding(cycles: dict[str, float]) -> str:
-    return max(cycles, key=cycles.get)
+    return max(cycles, key=cycles.__getitem__)
 
 
 def makespan(durations, slots: int) -> float:
@@ -315,7 +315,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
         fixed, rounds, tensor = [], [], 0.0
         for kind in x.kinds():
             rounds += [
-                max(max(kind.loop.sustained_pipes(k * w_cta, v100).values()), kind.loop.iteration_cycles(w_cta, v100))
+                max(*kind.loop.sustained_pipes(k * w_cta, v100).values(), kind.loop.iteration_cycles(w_cta, v100))
             ] * len(kind.iterations)
             fixed += [
                 kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + kind.epilogue.once_cycles(w_cta, v100)
@@ -323,7 +323,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
             tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)
         its = [n for kind in x.kinds() for n in kind.iterations]
         slots = card.sms * k
-        base = None if x.fused else makespan([f + n * r for f, n, r in zip(fixed, its, rounds)], slots)
+        base = None if x.fused else makespan([f + n * r for f, n, r in zip(fixed, its, rounds, strict=True)], slots)
         parts.append(
             (
                 x.fused,
@@ -339,7 +339,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
 
     def ms(cal: Calibration = Calibration()) -> float:
         computes = []
-        for fused, fixed, its, rounds, slots, base, _, _ in parts:
+        for _fused, fixed, its, rounds, slots, base, _, _ in parts:
             if base is not None:
                 computes.append(cal.cycle_factor * base)
             else:
@@ -347,7 +347,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
                     makespan(
                         [
                             cal.cycle_factor * f + cal.cta_cycles + n * (cal.cycle_factor * r)
-                            for f, n, r in zip(fixed, its, rounds)
+                            for f, n, r in zip(fixed, its, rounds, strict=True)
                         ],
                         slots,
                     )
@@ -355,7 +355,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
         cycles = sum(computes)
         duty = sum(p[6] for p in parts) / cycles if cycles else 0.0
         clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
-        return sum(max(c / clock, p[7]) for c, p in zip(computes, parts)) * 1e3
+        return sum(max(c / clock, p[7]) for c, p in zip(computes, parts, strict=True)) * 1e3
 
     return ms
 

@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +75,9 @@ def load_expected_schemas(path: Path) -> tuple[str, dict[str, str]]:
     return data["namespace"], dict(data["ops"])
 
 
-def probe_extension(artifact: Path, schemas_path: Path, python: str = sys.executable, preload: list[str] = ()) -> dict:
+def probe_extension(
+    artifact: Path, schemas_path: Path, python: str = sys.executable, preload: Sequence[str] = ()
+) -> dict:
     """Load the extension with torch in a subprocess: its operators' schemas, the expected ones
     parsed by the same torch, its build_info(), whether it imports as a Python module, and the
     torch version; {"error": ...} if it does not load. ``preload``: shared libraries loaded first
@@ -193,19 +196,22 @@ def check_kernels(
             problems.append("in the ptxas log but not in the binary")
         if px is None and from_log:
             problems.append("no ptxas -v report for it (spills unknown)")
-        if res is None and px is None:
+        if res is not None:
+            regs, own_shared = res.registers, res.shared
+        elif px is not None:
+            regs, own_shared = px["registers"], px["smem"]
+        else:
             rows.append(Row("kernel", pretty[name], False, "; ".join(problems)))
             continue
-        regs = res.registers if res else px["registers"]
         spills = (px["spill_stores"] + px["spill_loads"]) if px else (res.stack if res else None)
         launch = sass.first_match(pretty[name], launches)
         tensor_core = any(sass.kernel_matches(pretty[name], p) for p in patterns)
         if launch is None and tensor_core:
             problems.append("no launch configuration in build_info() (dynamic shared memory unknown)")
-        shared = (res.shared if res else px["smem"]) + (launch[1] if launch else 0)
+        shared = own_shared + (launch[1] if launch else 0)
         if regs > budget.max_registers:
             problems.append(f"registers expected <= {budget.max_registers}, actual {regs}")
-        notes = []
+        notes: list[str] = []
         if spills is not None and spills > budget.max_spill_bytes:
             what = "spill bytes" if px else "stack frame bytes (no ptxas log: a spill-free kernel has none)"
             # The spill rule is about V100 speed, so it binds the shipped sm_70 SASS; a lab build

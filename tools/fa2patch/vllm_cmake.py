@@ -289,6 +289,8 @@ def lab_manifest(run: Run, arch: str, cmds: list[list[str]], seconds: float) -> 
     manifest = build.artifact_manifest(run.installed, run.tree, arch)
     torch = toolchain.torch_info(run.python)
     nvcc = toolchain.find_nvcc() if run.compiler == "nvcc" else run.clang
+    if nvcc is None:
+        raise EnvironmentProblem(f"vLLM's build ran, but its {run.compiler} is not found now")
     tree_record = json.loads((run.tree / "fa2patch-vllm-src.json").read_text())
     manifest.update(
         {

@@ -116,6 +116,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
     # vLLM
     pin = torch_pin(vllm["requires"]) if vllm else release.get("torch")
     kernels = None
+    ext: str | None = None  # vLLM's largest compiled extension
     if vllm:
         how = (
             "from a package index (no direct_url.json)"
@@ -185,7 +186,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
     # nvcc (a vLLM source build compiles with it)
     nvcc = nvcc_facts()
     facts["nvcc"] = nvcc
-    nvcc_ok = bool(nvcc) and nvcc["sm_70"] and _ver(nvcc["version"]) < (12, 8)
+    nvcc_ok = bool(nvcc and nvcc["sm_70"] and _ver(nvcc["version"]) < (12, 8))
     checks.append(
         Check(
             "nvcc",
@@ -242,8 +243,8 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
         f"{project_root}/dist/fa2patch_vllm-*+torch*.whl"
     )
     plugin_only = f"{py} -m pip install --no-deps {project_root}/dist/fa2patch_vllm-0.1.0-py3-none-any.whl"
-    verdict = None
-    if vllm and kernels is not None and not runs_on(kernels):
+    verdict: tuple[str, str, str | None] | None = None
+    if vllm and ext and kernels is not None and not runs_on(kernels):
         verdict = (
             "cannot",
             f"vLLM {vllm['version']} here was installed {how}, and its kernels "

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def package_dir(name: str) -> str | None:
@@ -21,7 +22,7 @@ def package_dir(name: str) -> str | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return list(spec.submodule_search_locations)[0]
+    return next(iter(spec.submodule_search_locations))
 
 
 def distribution(name: str) -> dict | None:
@@ -41,7 +42,11 @@ def distribution(name: str) -> dict | None:
 
 
 def main() -> dict:
-    out = {"python": sys.executable, "vllm": distribution("vllm"), "plugin": distribution("fa2patch-vllm")}
+    out: dict[str, Any] = {
+        "python": sys.executable,
+        "vllm": distribution("vllm"),
+        "plugin": distribution("fa2patch-vllm"),
+    }
     vllm_dir = package_dir("vllm")
     if out["vllm"] is not None:
         out["vllm"]["dir"] = vllm_dir
