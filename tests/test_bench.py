@@ -3,7 +3,8 @@
 
 import pytest
 
-from fa2patch.bench import DEFAULT_SHAPES, WARNING, judge, render
+from fa2patch.bench import DEFAULT_SHAPES, judge
+from fa2patch.bench_text import WARNING, render
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.shapes import Shape, attended_pairs, parse_shapes, useful_flops
 

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from fa2patch import bench, gpu_clocks
+from fa2patch import bench, bench_text, gpu_clocks
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.routes import EXACT, GQA
 from fa2patch.shapes import Shape
@@ -298,7 +298,7 @@ def test_model_estimate_beside_each_time_as_a_point(monkeypatch):
     dense, gqa = result["results"]
     assert dense["measured_over_model"] == {"point": 12.0 / 10.0}
     assert gqa["measured_over_model"] == {"point": 11.0 / 12.5}
-    text = bench.render(result)
+    text = bench_text.render(result)
     assert "1.20" in text and "0.88" in text and "V100 with 80 SMs at 1530 MHz" in text
 
 
@@ -309,9 +309,9 @@ def test_model_estimate_prints_the_range_when_report_gives_one(monkeypatch):
     dense = result["results"][0]
     assert dense["measured_over_model"]["low"] == pytest.approx(12.0 / 11.0)
     assert dense["measured_over_model"]["high"] == pytest.approx(12.0 / 9.0)
-    text = bench.render(result)
+    text = bench_text.render(result)
     assert "9.00-11.00" in text and f"{12 / 11:.2f}-{12 / 9:.2f}" in text
-    assert "9.00-11.00" in bench.markdown(result)
+    assert "9.00-11.00" in bench_text.markdown(result)
 
 
 def test_without_report_the_table_says_why(monkeypatch):
@@ -319,18 +319,18 @@ def test_without_report_the_table_says_why(monkeypatch):
     result = _result()
     bench.attach_model(result, "x.so")
     assert "model" not in result["results"][0]
-    assert "no model estimate: cuobjdump: not found" in bench.render(result)
+    assert "no model estimate: cuobjdump: not found" in bench_text.render(result)
 
 
 def test_table_marks_throttled_cases_and_lists_the_card():
-    text = bench.render(_result())
+    text = bench_text.render(_result())
     assert "12.00 (11.90-12.20)*" in text and "ran throttled" in text
     assert "SM 1267-1289.5-1312 MHz" in text and "throttled: sw_power_cap" in text
-    assert "12.00*" not in bench.render(_result(throttled=False))
+    assert "12.00*" not in bench_text.render(_result(throttled=False))
 
 
 def test_markdown_summary_for_an_issue_report():
-    md = bench.markdown(_result(is_v100=False))
+    md = bench_text.markdown(_result(is_v100=False))
     lines = md.splitlines()
     assert lines[0] == "### fa2patch bench: NVIDIA H200"
     header = next(line for line in lines if line.startswith("| shape"))
@@ -341,7 +341,7 @@ def test_markdown_summary_for_an_issue_report():
     assert values["SM MHz min-med-max"] == "1267-1289.5-1312" and values["power W"] == "250-274.5-299"
     assert values["throttle reasons"] == "sw_power_cap" and values["throttled"] == "**yes**"
     assert "| driver | 570.86.15 |" in md and "sampled every 10 ms" in md
-    assert bench.WARNING in md and "gpu_idle or applications_clocks_setting" in md
+    assert bench_text.WARNING in md and "gpu_idle or applications_clocks_setting" in md
 
 
 def test_markdown_without_nvml_says_so():
@@ -349,6 +349,6 @@ def test_markdown_without_nvml_says_so():
     result["nvml"] = {"available": False, "note": "NVML not sampled: the nvidia-ml-py package is not installed"}
     for r in result["results"]:
         r["clocks"], r["throttled"] = None, None
-    md = bench.markdown(result)
+    md = bench_text.markdown(result)
     assert "| NVML | NVML not sampled: the nvidia-ml-py package is not installed |" in md
-    assert "NVML not sampled" in bench.render(result)
+    assert "NVML not sampled" in bench_text.render(result)

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from fa2patch.build import BuildDescription, BuildFailed, object_path, ptxas_kernels
+from fa2patch.build import BuildFailed, object_path, ptxas_kernels
+from fa2patch.build_description import BuildDescription
 from fa2patch.errors import CheckFailed
 
 FILES = ["api.cpp", "hooks.cpp", "k32.cu", "k64.cu", "combine.cu", "lab_only.cu"]

@@ -148,6 +148,7 @@ def test_the_nvcc_route_compiles_as_cxx20_like_the_clang_route(real_workspace, t
     """A CUDA 12.6 nvcc (a stand-in that answers --version and --list-gpu-arch): host and CUDA
     sources get -std=c++20, as on the clang route."""
     from fa2patch import build
+    from fa2patch.build_description import BuildDescription
     from helpers import locked_toolchain
 
     fake = tmp_path / "nvcc"
@@ -157,7 +158,7 @@ def test_the_nvcc_route_compiles_as_cxx20_like_the_clang_route(real_workspace, t
     )
     fake.chmod(0o755)
     monkeypatch.setenv("FA2PATCH_NVCC", str(fake))
-    desc = build.BuildDescription.load(real_workspace)
+    desc = BuildDescription.load(real_workspace)
     p = build.plan(desc, "sm_70", real_workspace, tmp_path / "b", "nvcc", locked_toolchain())
     assert p.compiler.kind == "nvcc" and p.compiler.version == "12.6"
     assert "-std=c++20" in p.cxx_flags and "-std=c++20" in p.cuda_flags

@@ -2,7 +2,7 @@
 """The peer vLLM runs on a V100 (TRITON_ATTN): its recorded sm_70 data, the launches rebuilt from
 it, and the main-loop finder that reads a kernel without tensor cores. CPU only; the
 re-derivation from vLLM's sources runs where FA2PATCH_PEER_PYTHON names a Python with vLLM's
-Triton (python -m fa2patch.peer extract)."""
+Triton (python -m fa2patch.peer_extract)."""
 
 import os
 import textwrap
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch import peer, peer_compile, sass, sass_mix
+from fa2patch import peer, peer_compile, peer_extract, sass, sass_mix
 from fa2patch.routes import EXACT
 from fa2patch.shapes import Shape
 from fa2patch.v100model import Card, load_data, load_v100
@@ -187,14 +187,14 @@ def test_analyse_reads_a_variant_as_recorded(monkeypatch, tmp_path):
         assert (tool, path) == (Path("cuobjdump"), tmp_path / "k.cubin"), (tool, path)
         return " Function k:\n  REG:40 STACK:0 SHARED:0 LOCAL:0\n" if "--dump-resource-usage" in args else LOOP_KERNEL
 
-    monkeypatch.setattr(peer.toolchain, "cuobjdump", cuobjdump)
+    monkeypatch.setattr(peer_extract.toolchain, "cuobjdump", cuobjdump)
     log = (
         "ptxas info    : Compiling entry function 'k' for 'sm_70'\n"
         "ptxas info    : Function properties for k\n"
         "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
         "ptxas info    : Used 40 registers, 376 bytes cmem[0]\n"
     )
-    got = peer.analyse(tmp_path / "k.cubin", log, Path("cuobjdump"))
+    got = peer_extract.analyse(tmp_path / "k.cubin", log, Path("cuobjdump"))
     assert (got["registers"], got["spill_stores"], got["static_instructions"]) == (40, 0, 10)
     assert (got["loop"]["start"], got["loop"]["end"], got["loop"]["instructions"]) == (0x20, 0x60, 5)
     recorded = DATA["variant"]["d128_g4_2d"]["outside"]
@@ -213,7 +213,9 @@ def test_analyse_reads_a_variant_as_recorded(monkeypatch, tmp_path):
 def test_rederive_matches_the_recorded_data(tmp_path):
     """Compile vLLM's kernels again and read them: the same resources and mixes as recorded."""
     vllm_src = os.environ.get("FA2PATCH_PEER_VLLM_SRC")
-    data = peer.extract(Path(os.environ["FA2PATCH_PEER_PYTHON"]), tmp_path, Path(vllm_src) if vllm_src else None)
+    data = peer_extract.extract(
+        Path(os.environ["FA2PATCH_PEER_PYTHON"]), tmp_path, Path(vllm_src) if vllm_src else None
+    )
     assert data["source"]["triton"] == DATA["source"]["triton"]
     for name, var in DATA["variant"].items():
         new = data["variant"][name]

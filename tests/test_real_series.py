@@ -297,7 +297,7 @@ def cpp_head_dims(tree: Path) -> list[int]:
 
 
 def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real_workspace):
-    from fa2patch.build import BuildDescription
+    from fa2patch.build_description import BuildDescription
 
     desc = BuildDescription.load(real_workspace)
     ours = sorted(
@@ -313,7 +313,7 @@ def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real
 def test_one_instantiation_file_per_cpp_head_dim_each_built(real_workspace):
     import re
 
-    from fa2patch.build import BuildDescription
+    from fa2patch.build_description import BuildDescription
 
     head_dims = cpp_head_dims(real_workspace)
     assert head_dims == sorted(head_dims) and head_dims[-1] == 256
@@ -331,7 +331,7 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
     import ast
     import os
 
-    from fa2patch.build import BuildDescription
+    from fa2patch.build_description import BuildDescription
 
     tree = ast.parse((real_workspace / "setup.py").read_text())
     helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fa2patch_sources")

@@ -11,10 +11,11 @@ import pytest
 import gqa_oracle
 from fa2patch import gqa_route
 from fa2patch.errors import EnvironmentProblem
+from fa2patch.loop_mix import LoopMix
 from fa2patch.report import predict_routes, route_geometry, route_launches
 from fa2patch.routes import EXACT, GQA
 from fa2patch.shapes import Shape
-from fa2patch.v100model import Card, CtaKind, KernelLaunch, LoopMix, estimate_launch, load_v100, lower_bound
+from fa2patch.v100model import Card, CtaKind, KernelLaunch, estimate_launch, load_v100, lower_bound
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from fa2patch import calibration as c, sass_mix, v100model as m
-from fa2patch.v100model import Calibration, Card, KernelLaunch, LoopMix
+from fa2patch import calibration as c, loop_mix, sass_mix, v100model as m
+from fa2patch.loop_mix import LoopMix
+from fa2patch.v100model import Calibration, Card, KernelLaunch
 
 V100 = m.load_v100()
 LATENCY = V100["dependent_ldg_l2_hit_cycles"]
@@ -69,18 +70,20 @@ def test_a_lone_warp_issues_mma_at_the_measured_rate_and_two_fill_the_pipe():
 @pytest.mark.parametrize("bytes_per_lane, passes", [(16, 4), (8, 2), (4, 1), (2, 1), (1, 1)])
 def test_bank_passes_of_one_warp_wide_access(bytes_per_lane, passes):
     # 32 lanes x width over 32 banks x 4 bytes, at least one pass.
-    assert m.access_passes(bytes_per_lane) == passes
+    assert loop_mix.access_passes(bytes_per_lane) == passes
 
 
 def test_bank_passes_and_bytes_of_published_access_groups():
     # 48 LDS.128 + 20 STS.64: 48*4 + 20*2 = 232 passes, 48*512 + 20*256 bytes.
-    assert m.shared_passes([{"count": 48, "bytes_per_lane": 16}, {"count": 20, "bytes_per_lane": 8}]) == (
+    assert loop_mix.shared_passes([{"count": 48, "bytes_per_lane": 16}, {"count": 20, "bytes_per_lane": 8}]) == (
         232,
         48 * 512 + 20 * 256,
     )
     # 252 loads of 45,568 B, 128 of them 16-bit (one pass each for 64 B), the rest >= 32-bit:
     # 128 + (45,568 - 128*64) / 128 = 128 + 292 = 420 passes; bytes stay 45,568.
-    assert m.shared_passes([{"count": 252, "total_bytes": 45568, "narrow": 128, "narrow_bytes_per_lane": 2}]) == (
+    assert loop_mix.shared_passes(
+        [{"count": 252, "total_bytes": 45568, "narrow": 128, "narrow_bytes_per_lane": 2}]
+    ) == (
         420,
         45568,
     )

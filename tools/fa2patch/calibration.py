@@ -21,6 +21,7 @@ do not overlap.
 import math
 from collections.abc import Sequence
 
+from .loop_mix import mix_from_data
 from .v100model import (
     Calibration,
     Card,
@@ -29,7 +30,6 @@ from .v100model import (
     gemm_launch,
     load_data,
     load_v100,
-    mix_from_data,
     peak_tflops,
     route_timer,
 )

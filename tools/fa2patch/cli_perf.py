@@ -145,7 +145,7 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     """Time routes of the extension over a shape sweep (CUDA events) with numerics, and record the
     card: SM/memory clock, power, temperature and throttle reasons sampled through NVML during every
     timed case; on an SM70 card, report's calibrated estimate beside each time."""
-    from . import bench as b
+    from . import bench as b, bench_text
     from .digest import sha256_file
     from .extension import load_manifest, manifest_path
     from .shapes import parse_shapes
@@ -177,8 +177,8 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     if json_file is not None:
         json_file.write_text(json.dumps(result, indent=1) + "\n")
     if markdown_file is not None:
-        markdown_file.write_text(b.markdown(result))
-    return finish(as_json, result, lambda: b.render(result))
+        markdown_file.write_text(bench_text.markdown(result))
+    return finish(as_json, result, lambda: bench_text.render(result))
 
 
 @cli.command()

@@ -22,8 +22,9 @@
 import math
 
 from .errors import EnvironmentProblem
+from .loop_mix import LoopMix
 from .shapes import Shape
-from .v100model import Card, KernelLaunch, LoopMix, fa2_grid_iterations
+from .v100model import Card, KernelLaunch, fa2_grid_iterations
 
 COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
 # splitkv_combine_sm70.cu: one warp merges one output row (rows per CTA = threads / 32), each

@@ -262,3 +262,11 @@ def open_for_torch(torch):
         handle,
         {"available": True, "device": how, "interval_ms": DEFAULT_INTERVAL_S * 1e3, **card_facts(nvml, handle)},
     )
+
+
+# The rule bench flags a case by, in words (its results carry it).
+THROTTLE_RULE = (
+    "throttled: NVML reported a clock event reason other than gpu_idle or applications_clocks_setting "
+    "during the timed calls (power cap, thermal or hardware slowdown, sync boost, display clocks; "
+    "this module says why)"
+)

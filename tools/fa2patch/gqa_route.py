@@ -16,8 +16,9 @@ the kernel's two hot loops told apart (``tile_loops``), each launch's HBM bytes
 from dataclasses import replace
 
 from .errors import EnvironmentProblem
+from .loop_mix import LoopMix
 from .shapes import Shape
-from .v100model import CtaKind, KernelLaunch, LoopMix
+from .v100model import CtaKind, KernelLaunch
 
 
 def sizes(shape: Shape) -> tuple[int, int, int, int]:

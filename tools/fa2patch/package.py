@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 from . import __version__, build, gitws
+from .build_description import BuildDescription
 from .digest import git_tree_digest
 from .errors import CheckFailed, EnvironmentProblem
 from .lockfile import Lock
@@ -223,7 +224,7 @@ def _cmake_list(items) -> str:
     return " ".join('"' + str(i).replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items)
 
 
-def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str, cuda_release: str) -> str:
+def cmake_lists(project: Project, desc: "BuildDescription", arch: str, cuda_release: str) -> str:
     """The tree's CMakeLists.txt: the template filled with the description and fa2patch's flags."""
     template = project.root / "packaging" / "vllm-src" / "CMakeLists.txt.in"
     if not template.is_file():
@@ -254,7 +255,7 @@ def cmake_lists(project: Project, desc: "build.BuildDescription", arch: str, cud
     return text
 
 
-def tree_paths(desc: "build.BuildDescription", arch: str) -> list[str]:
+def tree_paths(desc: "BuildDescription", arch: str) -> list[str]:
     """The top folders of the build's sources and includes (nested ones dropped)."""
     sources = desc.host_sources + desc.arch(arch).cuda_sources
     roots = sorted(set(desc.include_dirs + desc.system_include_dirs + [str(Path(s).parent) for s in sources]))
@@ -270,7 +271,7 @@ def vllm_source_tree(project: Project, workspace: Path, dest: Path, arch: str, l
             f"{workspace}: uncommitted changes ({', '.join(dirty[:5])}); the source tree "
             "is made from committed work only"
         )
-    desc = build.BuildDescription.load(workspace)
+    desc = BuildDescription.load(workspace)
     desc.arch(arch)
     dest = dest.resolve()
     if dest.exists() and any(dest.iterdir()) and not force:

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Compile vLLM's TRITON_ATTN kernels for capability 7.0 offline, as vLLM's launch would.
 
-Run by ``python -m fa2patch.peer extract`` with the Python of an environment that has the Triton
+Run by ``python -m fa2patch.peer_extract`` with the Python of an environment that has the Triton
 vLLM's release uses (no GPU, no torch, no vLLM install needed):
 
     <python with triton> tools/fa2patch/peer_compile.py --vllm-src DIR --out DIR

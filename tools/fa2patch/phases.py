@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """What fused kernels lose between their pipes: one CTA's iteration timed from the SASS.
 
-The pipe model (v100model.LoopMix.pipes) sums each pipe over an iteration as if everything
+The pipe model (loop_mix.LoopMix.pipes) sums each pipe over an iteration as if everything
 overlapped. It does not when the warps of a CTA run in phase: a CTA barrier per iteration keeps
 the W warps of one scheduler at the same place in the code, so the instructions between the last
 S HMMA and the first PV HMMA (row max and sum by SHFL, the P exchange through shared memory
@@ -32,8 +32,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from . import sass
+from .loop_mix import SUBPARTITIONS
 
-SUBPARTITIONS = 4
 _REG = re.compile(r"\bR(\d+)\b")
 NO_RESULT = (
     "STS",

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""From a kernel's SASS to the model's mixes (v100model.LoopMix): the category counts of one
+"""From a kernel's SASS to the model's mixes (loop_mix.LoopMix): the category counts of one
 warp-iteration of a hot loop (``mix_of``: HMMA step forms, shared-memory bank passes, FP32, MUFU,
 SHFL, the rounds of global loads the iteration waits for), the loop timed with one CTA's warps in
 phase (phases.lockstep_cycles), the code outside it run once per CTA (``outside_row``), each kind
@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from . import phases, sass
 from .errors import EnvironmentProblem
-from .v100model import Card, LoopMix, access_passes, binding, load_v100, peak_tflops
+from .loop_mix import LoopMix, access_passes
+from .v100model import Card, binding, load_v100, peak_tflops
 
 CATEGORIES = {
     "HMMA": "hmma",

@@ -254,8 +254,9 @@ def check_nvcc_commands(cmds: list[list[str]], tree: Path, arch: str) -> list[st
     compiled once, for ``arch`` only (torch's and vLLM's arch flags cleared), as C++20, with
     fa2patch's flags and the tree's defines."""
     from . import build
+    from .build_description import BuildDescription
 
-    desc = build.BuildDescription.load(tree)
+    desc = BuildDescription.load(tree)
     nvcc = compile_commands(cmds, "nvcc")
     problems = []
     for src in desc.arch(arch).cuda_sources:
