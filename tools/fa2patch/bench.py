@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import __version__, gpu_clocks, numerics
 from .errors import EnvironmentProblem, Fa2PatchError, NothingToLaunch
-from .extension import mhz, pin_route, probe_gpu, python_json, require_build_info, routes_of, smi
+from .extension import mhz, pin_route, probe_gpu, python_json, require_build_info, routes_of, smi, varlen_fwd
 from .routes import EXACT
 from .shapes import Shape, useful_flops
 
@@ -178,30 +178,7 @@ def worker() -> None:
     if name == "varlen_fwd":
 
         def call():
-            op(
-                q,
-                k,
-                v,
-                out,
-                cu_q,
-                cu_k,
-                None,
-                None,
-                None,
-                None,
-                spec["q"],
-                spec["kv"],
-                0.0,
-                spec["scale"],
-                False,
-                spec["causal"],
-                -1,
-                -1,
-                0.0,
-                False,
-                0,
-                None,
-            )
+            varlen_fwd(op, q, k, v, out, cu_q, cu_k, spec["q"], spec["kv"], spec["scale"], spec["causal"])
     else:
         ws = torch.empty(
             ops.gqa_prefill_workspace_bytes(spec["q"], spec["kv"], spec["hq"], spec["hkv"]),

@@ -197,3 +197,32 @@ def pin_route(ops, route: dict) -> None:
     """Subprocess side: pin varlen_fwd to the route (see ``route_entry``) where the build has the hook."""
     if route.get("pin_splits") and hasattr(ops, PIN_SPLITS_HOOK):
         getattr(ops, PIN_SPLITS_HOOK)(route["pin_splits"])
+
+
+def varlen_fwd(op, q, k, v, out, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool) -> None:
+    """Subprocess side: ``op`` (varlen_fwd) on contiguous sequences, without dropout, paging, ALiBi,
+    window or softcap, FA2's own split choice: the call smoke and bench make."""
+    op(
+        q,
+        k,
+        v,
+        out,
+        cu_q,
+        cu_k,
+        None,
+        None,
+        None,
+        None,
+        max_q,
+        max_k,
+        0.0,
+        scale,
+        False,
+        causal,
+        -1,
+        -1,
+        0.0,
+        False,
+        0,
+        None,
+    )

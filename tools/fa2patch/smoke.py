@@ -12,7 +12,16 @@ import sys
 from pathlib import Path
 
 from .errors import NothingToLaunch
-from .extension import load_build_info, load_manifest, manifest_path, pin_route, probe_gpu, python_json, route_entry
+from .extension import (
+    load_build_info,
+    load_manifest,
+    manifest_path,
+    pin_route,
+    probe_gpu,
+    python_json,
+    route_entry,
+    varlen_fwd,
+)
 
 # (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
 # Routes whose op is varlen_fwd run these; the long-prefill op (one sequence, causal, head dim 256)
@@ -99,30 +108,7 @@ def probe_route() -> None:
         if prefill:
             op(q, k, v, out, None, k.shape[0], scale, None)
         else:
-            op(
-                q,
-                k,
-                v,
-                out,
-                cu_q,
-                cu_k,
-                None,
-                None,
-                None,
-                None,
-                max(s[0] for s in seqs),
-                max(s[1] for s in seqs),
-                0.0,
-                scale,
-                False,
-                causal,
-                -1,
-                -1,
-                0.0,
-                False,
-                0,
-                None,
-            )
+            varlen_fwd(op, q, k, v, out, cu_q, cu_k, max(s[0] for s in seqs), max(s[1] for s in seqs), scale, causal)
         torch.cuda.synchronize()
         for i, (sq, sk) in enumerate(seqs):
             sl_q, sl_k = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
