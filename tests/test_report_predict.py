@@ -264,6 +264,7 @@ def test_every_v100_parameter_is_read_by_the_model():
             "exact_route.py",
             "gqa_route.py",
             "v100model.py",
+            "loop_mix.py",
             "phases.py",
             "calibration.py",
         )
