@@ -109,3 +109,19 @@ def require_toolchain():
         if os.environ.get("FA2PATCH_REQUIRE_TOOLCHAIN") == "1":
             pytest.fail(f"toolchain required but missing: {missing}")
         pytest.skip(f"sm_70 toolchain missing: {missing} (run the README's set-up command)")
+
+
+def dense_geometry(head_dim, rows=64, keys=32, warps=4):
+    """A build_info() kernel entry of the exact route as the extension declares it."""
+    from fa2patch.routes import EXACT
+
+    return {
+        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
+        "threads": 32 * warps,
+        "dynamic_smem": 1024,
+        "route": EXACT,
+        "head_dim": head_dim,
+        "rows_per_cta": rows,
+        "keys_per_iteration": keys,
+        "warps": warps,
+    }

@@ -11,28 +11,13 @@ import pytest
 from fa2patch.errors import EnvironmentProblem
 from fa2patch.exact_route import dense_plan, fa2_num_splits
 from fa2patch.report import predict, route_geometry
-from fa2patch.routes import EXACT
 from fa2patch.shapes import Shape, parse_shapes
 from fa2patch.v100model import Card, LoopMix, load_v100
-from helpers import REPO
+from helpers import REPO, dense_geometry
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
 CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.2]}
-
-
-def geometry(head_dim, rows=64, keys=32, warps=4):
-    """A build_info() kernel entry as the extension declares it."""
-    return {
-        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
-        "threads": 32 * warps,
-        "dynamic_smem": 1024,
-        "route": EXACT,
-        "head_dim": head_dim,
-        "rows_per_cta": rows,
-        "keys_per_iteration": keys,
-        "warps": warps,
-    }
 
 
 def loop(hmma, **mix):
@@ -52,8 +37,10 @@ def kernel_row(geo, loops, blocks_per_sm=1):
 # the costlier one comes first, so taking the first would give another answer; the loop with
 # fewer HMMA is cheaper still, so choosing by cycles alone would too. A d=32 kernel is a decoy.
 KERNELS = [
-    kernel_row(geometry(32), [loop(128, instructions=5000)]),
-    kernel_row(geometry(64), [loop(8, instructions=100), loop(256, instructions=700), loop(256, instructions=600)]),
+    kernel_row(dense_geometry(32), [loop(128, instructions=5000)]),
+    kernel_row(
+        dense_geometry(64), [loop(8, instructions=100), loop(256, instructions=700), loop(256, instructions=600)]
+    ),
 ]
 
 
@@ -79,7 +66,7 @@ def brute_force_cta_iterations(q, kv, hq, causal, rows, keys):
 )
 @pytest.mark.parametrize("causal", [True, False])
 def test_grid_comes_from_the_build_geometry_and_matches_a_brute_force_walk(rows, keys, warps, q, kv, causal):
-    kernels = [kernel_row(geometry(64, rows, keys, warps), [loop(256, instructions=600)])]
+    kernels = [kernel_row(dense_geometry(64, rows, keys, warps), [loop(256, instructions=600)])]
     p = predict(Shape(q, kv, 3, 1, 64, causal, 0.125), kernels, Card(), V100, CALIBRATION, ARTIFACT)
     main = p["launches"][0]
     assert (main["ctas"], main["cta_iterations"]) == brute_force_cta_iterations(q, kv, 3, causal, rows, keys)
@@ -88,7 +75,8 @@ def test_grid_comes_from_the_build_geometry_and_matches_a_brute_force_walk(rows,
 def test_a_tile_change_changes_the_prediction():
     shape = Shape(8192, 8192, 6, 1, 64, True, 0.125)
     small, big = (
-        [kernel_row(geometry(64, r, k, w), [loop(256, instructions=600)])] for r, k, w in ((64, 32, 4), (128, 64, 8))
+        [kernel_row(dense_geometry(64, r, k, w), [loop(256, instructions=600)])]
+        for r, k, w in ((64, 32, 4), (128, 64, 8))
     )
     a = predict(shape, small, Card(), V100, CALIBRATION, ARTIFACT)
     b = predict(shape, big, Card(), V100, CALIBRATION, ARTIFACT)
@@ -144,7 +132,7 @@ def test_decode_with_grouped_heads_swaps_heads_into_rows_and_splits():
     # blocks of 128: 32 of them, and 16 splits (previous test). The kernel's 128 blocks of 32
     # keys: 8 per split; 16 x 8 CTAs, then the combine kernel.
     shape = Shape(1, 4096, 32, 8, 128, True, 0.1)
-    kernels = [kernel_row(geometry(128), [loop(512, instructions=900)], blocks_per_sm=2)]
+    kernels = [kernel_row(dense_geometry(128), [loop(512, instructions=900)], blocks_per_sm=2)]
     assert dense_plan(shape, kernels[0]["geometry"], Card()) == {
         "rows": 4,
         "heads": 8,
@@ -163,7 +151,7 @@ def test_decode_with_grouped_heads_swaps_heads_into_rows_and_splits():
 
 
 def test_decode_batch_and_mha_decode():
-    kernels = [kernel_row(geometry(128), [loop(512, instructions=900)])]
+    kernels = [kernel_row(dense_geometry(128), [loop(512, instructions=900)])]
     # MHA (hq == hkv) is not swapped and so not split: one CTA per sequence and head, every block.
     p = predict(Shape(1, 1000, 8, 8, 128, True, 0.1, b=3), kernels, Card(), V100, CALIBRATION, ARTIFACT)
     (main,) = p["launches"]
@@ -174,8 +162,8 @@ def test_decode_batch_and_mha_decode():
 def test_route_geometry_is_read_and_checked():
     info = {
         "kernels": [
-            geometry(256),
-            geometry(64),
+            dense_geometry(256),
+            dense_geometry(64),
             {"kernel": "splitkv_combine_sm70_kernel", "threads": 128, "dynamic_smem": 0, "route": None},
         ]
     }
@@ -188,12 +176,12 @@ def test_route_geometry_is_read_and_checked():
         r"dynamic_smem, kernel, threads; report needs route, head_dim",
     ):
         route_geometry(old, ARTIFACT)
-    partial = {"kernels": [{**geometry(64), "keys_per_iteration": None}]}
+    partial = {"kernels": [{**dense_geometry(64), "keys_per_iteration": None}]}
     with pytest.raises(
         EnvironmentProblem, match="'flash_fwd_sm70_kernel<64>' of route sm70-dense lacks keys_per_iteration"
     ):
         route_geometry(partial, ARTIFACT)
-    wrong = {"kernels": [{**geometry(64), "threads": 256}]}
+    wrong = {"kernels": [{**dense_geometry(64), "threads": 256}]}
     with pytest.raises(EnvironmentProblem, match="threads expected 32 x warps = 128, actual 256"):
         route_geometry(wrong, ARTIFACT)
     with pytest.raises(EnvironmentProblem, match="cannot load it for build_info\\(\\): boom"):
@@ -205,7 +193,14 @@ def test_missing_route_kernel_and_unsupported_head_dim_are_refused():
         with pytest.raises(EnvironmentProblem, match=f"d={d}: .* head dims that are multiples of 8 up to 64"):
             predict(Shape(64, 64, 1, 1, d, True, 0.1), KERNELS, Card(), V100, CALIBRATION, ARTIFACT)
     with pytest.raises(EnvironmentProblem, match="no hot loop"):
-        predict(Shape(64, 64, 1, 1, 64, True, 0.1), [kernel_row(geometry(64), [])], Card(), V100, CALIBRATION, ARTIFACT)
+        predict(
+            Shape(64, 64, 1, 1, 64, True, 0.1),
+            [kernel_row(dense_geometry(64), [])],
+            Card(),
+            V100,
+            CALIBRATION,
+            ARTIFACT,
+        )
 
 
 def test_batch_in_the_shape_syntax():

@@ -15,6 +15,7 @@ from fa2patch.report import predict_routes
 from fa2patch.routes import EXACT, GQA, SPLITKV
 from fa2patch.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
+from helpers import dense_geometry
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
@@ -152,25 +153,12 @@ def test_partial_bytes_and_the_combine_launch_by_hand():
     assert set(x.splitkv_launches(replace(shape, d=200), kernel_row(256), combine_row(), 3)[0][1].iterations) == {4}
 
 
-def geometry(head_dim, rows=64, keys=32, warps=4):
-    return {
-        "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
-        "threads": 32 * warps,
-        "dynamic_smem": 1024,
-        "route": EXACT,
-        "head_dim": head_dim,
-        "rows_per_cta": rows,
-        "keys_per_iteration": keys,
-        "warps": warps,
-    }
-
-
 def kernel_row(head_dim, instructions=600, **geo):
     mix = {**vars(LoopMix()), "instructions": instructions}
     loop = {"mix": {"hmma": 256}, "model_mix": mix, "cycles": LoopMix(**mix).pipes(1, V100)}
     return {
         "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
-        "geometry": geometry(head_dim, **geo),
+        "geometry": dense_geometry(head_dim, **geo),
         "occupancy": {"blocks_per_sm": 1},
         "hot_loops": [loop],
     }
