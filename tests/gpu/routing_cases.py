@@ -174,30 +174,36 @@ def scenario_split_graph(ops, spec, inputs) -> dict:
 
 
 def scenario_split_oom(ops, spec, inputs) -> dict:
-    import torch
-
     splits = json.loads(ops.route_stats())["split_kv"]["testing_splits"]
     ops._routing_prefill_splits_for_testing(1)  # the unsplit exact route, same call
     ref_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
     ref_lse = call(ops, spec, inputs, ref_out)
     ops._routing_prefill_splits_for_testing(splits)
+    result, out, lse = forced_oom(ops, spec, inputs, "splitkv_oom")
+    return {**result, "identical_to_unsplit": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
+
+
+def forced_oom(ops, spec, inputs, reason: str) -> tuple[dict, object, object]:
+    """Two calls under the out-of-memory test hook (counted twice, logged once), then one without it:
+    the counter changes of both, the log lines naming ``reason``, and the hooked calls' out and lse."""
+    import torch
+
     ops._workspace_force_oom_for_testing(True)
     try:
         before = stats(ops)
-
-        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))  # counted twice, logged once
+        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))
         counted = delta(before, stats(ops))
     finally:
         ops._workspace_force_oom_for_testing(False)
     before = stats(ops)
     call(ops, spec, inputs, sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1])
     torch.cuda.synchronize()
-    return {
+    result = {
         "oom": counted,
         "without_hook": delta(before, stats(ops)),
-        "log_lines": [line for line in lines if "splitkv_oom" in line],
-        "identical_to_unsplit": bitwise(out, ref_out) and bitwise(lse, ref_lse),
+        "log_lines": [line for line in lines if reason in line],
     }
+    return result, out, lse
 
 
 # Ways to spoil a routing profile (routing_cases' "profile" key): each returns the file's text.
@@ -254,23 +260,8 @@ def write_profile(artifact: str, profile: dict, folder: Path) -> tuple[str, dict
 
 def scenario_oom(ops, spec, inputs) -> dict:
     ref_out, ref_lse = exact_route(ops, spec, inputs)
-    ops._workspace_force_oom_for_testing(True)
-    try:
-        before = stats(ops)
-
-        (out, lse), lines = logged_lines(lambda: two_calls(ops, spec, inputs))  # counted twice, logged once
-        counted = delta(before, stats(ops))
-    finally:
-        ops._workspace_force_oom_for_testing(False)
-    before = stats(ops)
-    free_out = sm70_cases.new_out(inputs, spec["hq"], spec["d"])[1]
-    call(ops, spec, inputs, free_out)
-    return {
-        "oom": counted,
-        "without_hook": delta(before, stats(ops)),
-        "log_lines": [line for line in lines if "workspace_oom" in line],
-        "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse),
-    }
+    result, out, lse = forced_oom(ops, spec, inputs, "workspace_oom")
+    return {**result, "identical_to_exact": bitwise(out, ref_out) and bitwise(lse, ref_lse)}
 
 
 def scenario_graph(ops, spec, inputs) -> dict:
