@@ -37,6 +37,16 @@ def gpu_build() -> Path:
     return root / "build" / arch / json.loads(manifest.read_text())["artifact"]["file"]
 
 
+@pytest.fixture(scope="session")
+def build_info(gpu_build) -> dict:
+    """The GPU build's build_info(), read as fa2patch reads it (a subprocess loads the library)."""
+    from fa2patch.extension import load_build_info
+
+    info = load_build_info(gpu_build)
+    assert "error" not in info, f"loading {gpu_build} failed:\n{info.get('error')}"
+    return info
+
+
 CALL = r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])

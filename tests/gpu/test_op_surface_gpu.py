@@ -12,22 +12,6 @@ import pytest
 FORCE = {"FA2PATCH_FORCE_SM70": "1"}
 
 
-@pytest.fixture(scope="module")
-def build_info(gpu_build):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, torch; torch.ops.load_library(sys.argv[1]); print(torch.ops._vllm_fa2_C.build_info())",
-            str(gpu_build),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
 def test_build_info_describes_the_build(build_info):
     assert build_info["library"] == "_vllm_fa2_C" and build_info["fa2_version"] == "2.8.3"
     assert build_info["sm70_kernels"] is True and "sm70-dense" in build_info["routes"]
