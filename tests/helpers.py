@@ -125,3 +125,13 @@ def dense_geometry(head_dim, rows=64, keys=32, warps=4):
         "keys_per_iteration": keys,
         "warps": warps,
     }
+
+
+def cpp_head_dims(tree: Path) -> list[int]:
+    """kHeadDims as kernel_traits.h writes it: the one C++ list of instantiated head dims."""
+    import re
+
+    text = (tree / "csrc/flash_attn/fa2patch/sm70/kernel_traits.h").read_text()
+    found = re.findall(r"kHeadDims\s*=\s*\{([0-9,\s]+)\}", text)
+    assert len(found) == 1, "kernel_traits.h must define kHeadDims exactly once"
+    return [int(x) for x in found[0].split(",")]

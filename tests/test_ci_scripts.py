@@ -183,6 +183,23 @@ def test_sanitizer_bad_inputs_are_the_suites_own_cases():
     assert "expect_error" not in script and "sanitize_cases.py" in script
 
 
+def test_cases_with_a_reference_of_tens_of_gb_run_a_few_at_a_time():
+    """The GPU suite's case runner sends heavy cases (slow, or a score matrix of 2**28 entries per
+    head and more) to its small pool: in the lab's run of 2026-12-01 four Q=8000 long-prefill
+    references at once (up to 43 GB each) left a concurrent session's case out of memory."""
+    sys.path.insert(0, str(REPO / "tests" / "gpu"))
+    try:
+        from test_long_prefill_gpu import CASES
+        from test_sm70_numerics import NUMERICS, Case
+    finally:
+        sys.path.pop(0)
+    workload = [c for c in CASES if c.spec["seqlens"][0][0] == 8000]
+    assert workload and all(c.heavy for c in workload)
+    assert not any(c.heavy for c in NUMERICS if not c.slow)
+    assert Case("f", "n", {"seqlens": [(1, 1), (16384, 16384)]}).heavy
+    assert not Case("f", "n", {"seqlens": [(16384, 16383)]}).heavy
+
+
 def test_gpu_lab_runs_one_pytest_session_per_group_and_merges_their_summaries(tmp_path):
     """tests/gpu as labtools' groups, all sessions at once, each with its log and JUnit; one summary; a
     failed session fails the run. The build runs with the lab image's host compilers unset."""

@@ -12,7 +12,7 @@ import pytest
 
 import gqa_oracle
 from fa2patch import routes
-from helpers import REPO
+from helpers import REPO, cpp_head_dims
 
 
 def test_replay_is_deterministic_and_matches_the_lock(real_project, real_workspace, tmp_path):
@@ -284,16 +284,6 @@ def test_build_is_reproducible_from_another_project_folder(built_sm70, real_proj
 # --- One list each: head dims (C++), sources (build description), kernel tiles (build_info). ---
 
 SM70_DIR = "csrc/flash_attn/fa2patch/sm70"
-
-
-def cpp_head_dims(tree: Path) -> list[int]:
-    """kHeadDims as kernel_traits.h writes it: the one C++ list of instantiated head dims."""
-    import re
-
-    text = (tree / SM70_DIR / "kernel_traits.h").read_text()
-    found = re.findall(r"kHeadDims\s*=\s*\{([0-9,\s]+)\}", text)
-    assert len(found) == 1, "kernel_traits.h must define kHeadDims exactly once"
-    return [int(x) for x in found[0].split(",")]
 
 
 def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real_workspace):

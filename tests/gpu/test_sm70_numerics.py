@@ -32,6 +32,7 @@ KVCACHE_SCRIPT = Path(__file__).with_name("kvcache_cases.py")  # fwd_kvcache cas
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 FORCE = {"FA2PATCH_FORCE_SM70": "1"}
 TIMEOUT_S = 300
+HEAVY_SCORES = 1 << 28  # query rows x keys of one head (Case.heavy)
 SLOW_TIMEOUT_S = 3600
 # A typed error from a check (TORCH_CHECK and friends). torch.AcceleratorError (a CUDA fault
 # surfacing at a synchronisation) is not one: it means the kernel already misbehaved.
@@ -55,6 +56,12 @@ class Case:
     @property
     def timeout(self) -> int:
         return SLOW_TIMEOUT_S if self.slow else TIMEOUT_S
+
+    @property
+    def heavy(self) -> bool:
+        """Slow, or a score matrix past HEAVY_SCORES: its reference takes tens of GB (33-43 GB
+        at Q=8000, KV=56K-80K on the H200, lab run of 2026-12-01), so only a few run at once."""
+        return self.slow or max((q * k for q, k in self.spec.get("seqlens", [])), default=0) >= HEAVY_SCORES
 
 
 # --------------------------------------------------------------------------------------------
@@ -368,6 +375,22 @@ case(
 )
 case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16, repeats=10)
 
+# Head dim 32's own kernel (kernel_traits.h, Tile::kSplitKeys): the warps of a pair split a
+# block's keys for PV and sum their partial O after the last block, and half the CTA copies V.
+# Every feature through it, and head dims 8..24 zero-padded on it.
+for d in (8, 16, 24):
+    case("head_dim_32", f"d{d}-causal", seqlens=PREFILL, hq=4, hkv=2, d=d, causal=True)
+D32 = {"hkv": 2, "d": 32}
+case("head_dim_32", "window-16-0-causal", seqlens=WIN_SEQS, hq=4, causal=True, window=[16, 0], **D32)
+case("head_dim_32", "window-150-40-long", seqlens=[(300, 700), (200, 180), (5, 400)], hq=4, window=[150, 40], **D32)
+case("head_dim_32", "softcap-causal", seqlens=PREFILL, hq=4, causal=True, softcap=30.0, **D32)
+case("head_dim_32", "alibi-full", seqlens=PREFILL, hq=4, alibi=True, **D32)
+case("head_dim_32", "random-prefix-causal", seqlens=RANDOM_PREFIX, hq=6, causal=True, **D32)
+case("head_dim_32", "paged-p16-prefill", seqlens=CHUNKED, hq=4, causal=True, page_size=16, **D32)
+case("head_dim_32", "paged-p32-decode-s4", seqlens=DECODE, hq=8, causal=True, page_size=32, num_splits=4, **D32)
+case("head_dim_32", "scores100-causal", seqlens=PREFILL, hq=4, causal=True, magnitude=10.0, ref_dtype="float64", **D32)
+case("head_dim_32", "determinism-paged-p16", seqlens=CHUNKED, hq=6, causal=True, page_size=16, repeats=10, **D32)
+
 # Split-KV on the exact route for prefill (patch 0004; the router's test hook forces N splits): FP32
 # partials in q's rows and the deterministic combine, held to the same contract. Key counts that are
 # multiples of nothing, causal bottom-right masks cut per split, splits with no visible key (short
@@ -376,6 +399,7 @@ case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, ca
 # every call took sm70-dense-splitkv.
 CHUNK_AND_DECODES = [(300, 2049), (1, 17), (1, 300), (1, 1), (1, 513)]
 case("split_prefill", "one-seq-causal-d128-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=128, causal=True, prefill_splits=3)
+case("split_prefill", "one-seq-causal-d32-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=32, causal=True, prefill_splits=3)
 case("split_prefill", "one-seq-full-d64-s2", seqlens=[(130, 1000)], hq=4, hkv=1, d=64, prefill_splits=2)
 case(
     "split_prefill",
@@ -580,6 +604,15 @@ kv_case("whole-cache-no-seqlens", cache=[50, 50], capacity=50, with_seqlens_k=Fa
 kv_case("window-32-0-append-rotary", cache=[10, 100, 300], seqlen_new=1, window=[32, 0], rotary_dim=64)
 kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6, hkv=1)
 kv_case(
+    "append1-rotary-paged-p16-s3-d32",
+    cache=[0, 15, 40, 299],
+    seqlen_new=1,
+    d=32,
+    rotary_dim=32,
+    page_size=16,
+    num_splits=3,
+)
+kv_case(
     "determinism-paged-append-s4",
     cache=[1000, 4097, 17],
     seqlen_new=1,
@@ -650,6 +683,17 @@ for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "
         hq=4,
         hkv=2,
         d=64,
+        causal=True,
+        page_size=16,
+        bad_block_table=[0, 1, value],
+    )
+    bad(
+        f"block-table-{label}-prefill-d32",
+        {},
+        seqlens=[(8, 40), (4, 20)],
+        hq=4,
+        hkv=2,
+        d=32,
         causal=True,
         page_size=16,
         bad_block_table=[0, 1, value],
@@ -777,7 +821,7 @@ def _slow_enabled() -> bool:
 
 
 class CaseRunner:
-    """Runs cases in subprocesses, a few at a time (slow ones, which need tens of GB for the
+    """Runs cases in subprocesses, a few at a time (heavy ones, which need tens of GB for the
     reference, at most ``slow_jobs`` at a time); a test waits for its own case."""
 
     def __init__(self, artifact: Path, jobs: int, slow_jobs: int = 2):
@@ -790,7 +834,7 @@ class CaseRunner:
 
     def submit(self, c: Case) -> None:
         if c.id not in self.futures:
-            self.futures[c.id] = (self.slow_pool if c.slow else self.pool).submit(self._run, c)
+            self.futures[c.id] = (self.slow_pool if c.heavy else self.pool).submit(self._run, c)
 
     def result(self, c: Case) -> dict:
         self.submit(c)
