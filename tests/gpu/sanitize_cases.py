@@ -37,6 +37,11 @@ FAMILIES = [
         VARLEN,
         {"seqlens": [[1, 300], [1, 17]], "hq": 8, "hkv": 2, "d": 32, "page_size": 16, "num_splits": 4},
     ),
+    (
+        "split_kv",
+        VARLEN,
+        {"seqlens": [[1, 300], [1, 17]], "hq": 8, "hkv": 2, "d": 96, "page_size": 16, "num_splits": 4},
+    ),
     ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 96, "causal": True}),
     ("head_dims", VARLEN, {"seqlens": [[33, 70], [1, 1]], "hq": 2, "hkv": 1, "d": 192, "causal": True}),
     ("window", VARLEN, {"seqlens": [[300, 700], [5, 400]], "hq": 2, "hkv": 1, "d": 64, "window": [150, 40]}),

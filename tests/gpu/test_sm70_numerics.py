@@ -375,21 +375,40 @@ case(
 )
 case("determinism", "paged-prefill-p16", seqlens=CHUNKED, hq=6, hkv=1, d=256, causal=True, page_size=16, repeats=10)
 
-# Head dim 32's own kernel (kernel_traits.h, Tile::kSplitKeys): the warps of a pair split a
-# block's keys for PV and sum their partial O after the last block, and half the CTA copies V.
-# Every feature through it, and head dims 8..24 zero-padded on it.
-for d in (8, 16, 24):
-    case("head_dim_32", f"d{d}-causal", seqlens=PREFILL, hq=4, hkv=2, d=d, causal=True)
-D32 = {"hkv": 2, "d": 32}
-case("head_dim_32", "window-16-0-causal", seqlens=WIN_SEQS, hq=4, causal=True, window=[16, 0], **D32)
-case("head_dim_32", "window-150-40-long", seqlens=[(300, 700), (200, 180), (5, 400)], hq=4, window=[150, 40], **D32)
-case("head_dim_32", "softcap-causal", seqlens=PREFILL, hq=4, causal=True, softcap=30.0, **D32)
-case("head_dim_32", "alibi-full", seqlens=PREFILL, hq=4, alibi=True, **D32)
-case("head_dim_32", "random-prefix-causal", seqlens=RANDOM_PREFIX, hq=6, causal=True, **D32)
-case("head_dim_32", "paged-p16-prefill", seqlens=CHUNKED, hq=4, causal=True, page_size=16, **D32)
-case("head_dim_32", "paged-p32-decode-s4", seqlens=DECODE, hq=8, causal=True, page_size=32, num_splits=4, **D32)
-case("head_dim_32", "scores100-causal", seqlens=PREFILL, hq=4, causal=True, magnitude=10.0, ref_dtype="float64", **D32)
-case("head_dim_32", "determinism-paged-p16", seqlens=CHUNKED, hq=6, causal=True, page_size=16, repeats=10, **D32)
+# Head dims 32 and 96 (kernel_traits.h, Tile::kSplitKeys): the warps of a pair split a block's
+# keys for PV and sum their partial O after the last block, and half the CTA copies V. Every
+# feature through both kernels, and head dims 8..24 and 72..88 zero-padded on them.
+for d in (8, 16, 24, 72, 88):
+    case("split_keys", f"d{d}-causal", seqlens=PREFILL, hq=4, hkv=2, d=d, causal=True)
+for d in (32, 96):
+    kw = {"hkv": 2, "d": d}
+    case("split_keys", f"window-16-0-causal-d{d}", seqlens=WIN_SEQS, hq=4, causal=True, window=[16, 0], **kw)
+    case(
+        "split_keys",
+        f"window-150-40-long-d{d}",
+        seqlens=[(300, 700), (200, 180), (5, 400)],
+        hq=4,
+        window=[150, 40],
+        **kw,
+    )
+    case("split_keys", f"softcap-causal-d{d}", seqlens=PREFILL, hq=4, causal=True, softcap=30.0, **kw)
+    case("split_keys", f"alibi-full-d{d}", seqlens=PREFILL, hq=4, alibi=True, **kw)
+    case("split_keys", f"random-prefix-causal-d{d}", seqlens=RANDOM_PREFIX, hq=6, causal=True, **kw)
+    case("split_keys", f"paged-p16-prefill-d{d}", seqlens=CHUNKED, hq=4, causal=True, page_size=16, **kw)
+    case("split_keys", f"paged-p32-decode-s4-d{d}", seqlens=DECODE, hq=8, causal=True, page_size=32, num_splits=4, **kw)
+    case(
+        "split_keys",
+        f"scores100-causal-d{d}",
+        seqlens=PREFILL,
+        hq=4,
+        causal=True,
+        magnitude=10.0,
+        ref_dtype="float64",
+        **kw,
+    )
+    case(
+        "split_keys", f"determinism-paged-p16-d{d}", seqlens=CHUNKED, hq=6, causal=True, page_size=16, repeats=10, **kw
+    )
 
 # Split-KV on the exact route for prefill (patch 0004; the router's test hook forces N splits): FP32
 # partials in q's rows and the deterministic combine, held to the same contract. Key counts that are
@@ -400,6 +419,7 @@ case("head_dim_32", "determinism-paged-p16", seqlens=CHUNKED, hq=6, causal=True,
 CHUNK_AND_DECODES = [(300, 2049), (1, 17), (1, 300), (1, 1), (1, 513)]
 case("split_prefill", "one-seq-causal-d128-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=128, causal=True, prefill_splits=3)
 case("split_prefill", "one-seq-causal-d32-s3", seqlens=[(200, 777)], hq=4, hkv=2, d=32, causal=True, prefill_splits=3)
+case("split_prefill", "one-seq-full-d96-s2", seqlens=[(130, 1000)], hq=4, hkv=1, d=96, prefill_splits=2)
 case("split_prefill", "one-seq-full-d64-s2", seqlens=[(130, 1000)], hq=4, hkv=1, d=64, prefill_splits=2)
 case(
     "split_prefill",
@@ -609,6 +629,15 @@ kv_case(
     seqlen_new=1,
     d=32,
     rotary_dim=32,
+    page_size=16,
+    num_splits=3,
+)
+kv_case(
+    "append1-rotary-paged-p16-s3-d96",
+    cache=[0, 15, 40, 299],
+    seqlen_new=1,
+    d=96,
+    rotary_dim=96,
     page_size=16,
     num_splits=3,
 )
