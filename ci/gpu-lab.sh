@@ -8,7 +8,7 @@
 #   .venv/bin/fa2patch fetch && cp ~/.cache/fa2patch/archives/"$(.venv/bin/python -m fa2patch.labtools sdist-name)" .lab/
 # Results go to $OUT (or ./lab-out): logs, each pytest session's log and JUnit XML, gpu-summary.json.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
-# tests/gpu, LAB_PYTEST_ARGS adds pytest arguments ("-m slow"), LAB_TEST_PATHS replaces tests/gpu
+# tests/gpu, LAB_PYTEST_ARGS adds pytest arguments, split as a shell splits words ("-m slow", "-k 'a or b'"), LAB_TEST_PATHS replaces tests/gpu
 # (files in the order they should run), LAB_PYTEST_TIMEOUT=S interrupts pytest after S seconds (the
 # tests that finished are still reported: a run that must fit one device call),
 # FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
@@ -65,6 +65,8 @@ else
 fi
 if [ "${LAB_TESTS:-1}" = 1 ]; then
     limit=(); [ -n "${LAB_PYTEST_TIMEOUT:-}" ] && limit=(timeout -s INT "$LAB_PYTEST_TIMEOUT")
+    words=$(lab shell-words "${LAB_PYTEST_ARGS:-}") || exit 2   # quoted words stay one argument
+    extra=(); [ -z "$words" ] || mapfile -t extra <<<"$words"
     # One pytest session per group of test files, all at once (labtools.session_groups says why);
     # LAB_TEST_PATHS: one session over the files given, in their order.
     if [ -n "${LAB_TEST_PATHS:-}" ]; then groups=("$LAB_TEST_PATHS"); else mapfile -t groups < <(lab test-groups tests/gpu); fi
@@ -72,7 +74,7 @@ if [ "${LAB_TESTS:-1}" = 1 ]; then
     for i in "${!groups[@]}"; do
         echo "[lab] pytest session $i: ${groups[$i]}"
         FA2PATCH_REQUIRE_GPU_BUILD=1 FA2PATCH_GPU_SUMMARY="$out/gpu-summary-$i.json" \
-            "${limit[@]}" python3 -m pytest -q -rfEs -p no:cacheprovider ${LAB_PYTEST_ARGS:-} ${groups[$i]} \
+            "${limit[@]}" python3 -m pytest -q -rfEs -p no:cacheprovider "${extra[@]}" ${groups[$i]} \
             --junitxml "$out/gpu-junit-$i.xml" >"$out/pytest-$i.log" 2>&1 &
         pids+=($!); parts+=("$out/gpu-summary-$i.json")
     done

@@ -306,3 +306,13 @@ def test_merge_summaries_command_refuses_a_missing_session(tmp_path):
     proc = run("merge-summaries", str(tmp_path / "out.json"), str(part), str(tmp_path / "b.json"))
     assert proc.returncode == 1 and "b.json" in proc.stderr and not (tmp_path / "out.json").exists()
     assert run("merge-summaries", str(tmp_path / "out.json"), str(part)).returncode == 0
+
+
+def test_shell_words_keeps_a_quoted_pytest_expression_one_argument(capsys):
+    """gpu-lab.sh passes LAB_PYTEST_ARGS through shell-words: a -k expression with spaces, quoted,
+    reaches pytest as one argument (split on spaces it became file names: lab run of 2026-12-01)."""
+    assert labtools.main(["shell-words", "-k 'head_dim or d32' -m slow"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["-k", "head_dim or d32", "-m", "slow"]
+    assert labtools.main(["shell-words", ""]) == 0 and capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="No closing quotation"):
+        labtools.main(["shell-words", "-k 'unclosed"])

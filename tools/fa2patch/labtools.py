@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import tarfile
 import tempfile
@@ -302,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("vllm-fp16-test", help="copy vLLM's test_flash_attn.py with DTYPES = [torch.float16]")
     p.add_argument("source", type=Path)
     p.add_argument("dest", type=Path)
+    p = sub.add_parser("shell-words", help="print TEXT's words as a POSIX shell splits them, one per line")
+    p.add_argument("text")
     sub.add_parser("gpu-arch", help="print sm_XY of this GPU; exit 3 without a GPU (imports torch)")
     p = sub.add_parser("vllm-verdict", help="judge vllm-summary.json: --collected, or a run with --pytest-rc")
     p.add_argument("summary", type=Path)
@@ -343,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         print(vllm_prepare(args.archive))
     elif args.command == "vllm-fp16-test":
         args.dest.write_text(fp16_only(args.source.read_text(), str(args.source)))
+    elif args.command == "shell-words":  # LAB_PYTEST_ARGS="-k 'a or b'" keeps its quoted words
+        for word in shlex.split(args.text):
+            print(word)
     elif args.command == "gpu-arch":
         arch = gpu_arch()
         if arch is None:
