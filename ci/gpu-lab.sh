@@ -9,8 +9,9 @@
 # Results go to $OUT (or ./lab-out): logs, each pytest session's log and JUnit XML, gpu-summary.json.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
 # tests/gpu, LAB_PYTEST_ARGS adds pytest arguments, split as a shell splits words ("-m slow",
-# "-k 'a or b'"), LAB_TEST_PATHS replaces tests/gpu (files in the order they should run), LAB_PYTEST_TIMEOUT=S interrupts pytest after S seconds (the
-# tests that finished are still reported: a run that must fit one device call),
+# "-k 'a or b'"), LAB_TEST_PATHS replaces tests/gpu (files in the order they should run),
+# LAB_PYTEST_TIMEOUT=S interrupts pytest after S seconds (the tests that finished are still
+# reported: a run that must fit one device call),
 # FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
 # LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
