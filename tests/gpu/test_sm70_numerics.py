@@ -623,24 +623,16 @@ kv_case("leftpad-causal", cache=[20, 40, 64, 9], leftpad=[0, 3, 10, 9], seqlen_q
 kv_case("whole-cache-no-seqlens", cache=[50, 50], capacity=50, with_seqlens_k=False, seqlen_q=3, hq=4, hkv=2, d=96)
 kv_case("window-32-0-append-rotary", cache=[10, 100, 300], seqlen_new=1, window=[32, 0], rotary_dim=64)
 kv_case("alibi-softcap-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6, hkv=1)
-kv_case(
-    "append1-rotary-paged-p16-s3-d32",
-    cache=[0, 15, 40, 299],
-    seqlen_new=1,
-    d=32,
-    rotary_dim=32,
-    page_size=16,
-    num_splits=3,
-)
-kv_case(
-    "append1-rotary-paged-p16-s3-d96",
-    cache=[0, 15, 40, 299],
-    seqlen_new=1,
-    d=96,
-    rotary_dim=96,
-    page_size=16,
-    num_splits=3,
-)
+for d in (32, 96):  # split-key kernels (kernel_traits.h)
+    kv_case(
+        f"append1-rotary-paged-p16-s3-d{d}",
+        cache=[0, 15, 40, 299],
+        seqlen_new=1,
+        d=d,
+        rotary_dim=d,
+        page_size=16,
+        num_splits=3,
+    )
 kv_case(
     "determinism-paged-append-s4",
     cache=[1000, 4097, 17],
@@ -705,28 +697,18 @@ bad("hq6-hkv4-prefill", {"out_untouched": True}, seqlens=[(8, 40)], hq=6, hkv=4,
 bad("hq6-hkv4-decode", {"out_untouched": True}, seqlens=[(1, 40), (1, 9)], hq=6, hkv=4, d=64, causal=True)
 bad("hq2-hkv4", {"out_untouched": True}, seqlens=[(8, 40)], hq=2, hkv=4, d=64)
 for value, label in ((-1, "minus1"), ("num_blocks", "num-blocks"), (2**31 - 1, "int32-max")):
-    bad(
-        f"block-table-{label}-prefill",
-        {},
-        seqlens=[(8, 40), (4, 20)],
-        hq=4,
-        hkv=2,
-        d=64,
-        causal=True,
-        page_size=16,
-        bad_block_table=[0, 1, value],
-    )
-    bad(
-        f"block-table-{label}-prefill-d32",
-        {},
-        seqlens=[(8, 40), (4, 20)],
-        hq=4,
-        hkv=2,
-        d=32,
-        causal=True,
-        page_size=16,
-        bad_block_table=[0, 1, value],
-    )
+    for d, suffix in ((64, ""), (32, "-d32")):  # 32: the split-key kernel's K/V copy
+        bad(
+            f"block-table-{label}-prefill{suffix}",
+            {},
+            seqlens=[(8, 40), (4, 20)],
+            hq=4,
+            hkv=2,
+            d=d,
+            causal=True,
+            page_size=16,
+            bad_block_table=[0, 1, value],
+        )
     bad(
         f"block-table-{label}-decode",
         {},
