@@ -300,6 +300,7 @@ def test_model_estimate_beside_each_time_as_a_point(monkeypatch):
     assert gqa["measured_over_model"] == {"point": 11.0 / 12.5}
     text = bench_text.render(result)
     assert "1.20" in text and "0.88" in text and "V100 with 80 SMs at 1530 MHz" in text
+    assert "V100 with 80 SMs at 1530 MHz (an estimate, not a measurement" in bench_text.markdown(result)
 
 
 def test_model_estimate_prints_the_range_when_report_gives_one(monkeypatch):

@@ -7,6 +7,15 @@ from .calibration import range_text, separated
 from .tables import table
 
 
+def model_card_note(result: dict) -> str:
+    """What the "model ms" column is, for the table and the Markdown alike."""
+    card = result.get("model_card", {})
+    return (
+        f"model ms: `fa2patch report`'s calibrated estimate for a V100 with {card.get('sms')} SMs at "
+        f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement; docs/report-model.md)"
+    )
+
+
 def model_text(model: dict | None) -> str:
     if not model:
         return "-"
@@ -98,11 +107,7 @@ def render(result: dict) -> str:
     if any(r.get("throttled") for r in result["results"]):
         lines.append(f"* ran throttled ({result.get('throttle_rule', gpu_clocks.THROTTLE_RULE)})")
     if modelled:
-        card = result.get("model_card", {})
-        lines.append(
-            f"model ms: report's calibrated estimate for a V100 with {card.get('sms')} SMs at "
-            f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement; docs/report-model.md)"
-        )
+        lines.append(model_card_note(result))
     elif result.get("model_note"):
         lines.append(result["model_note"])
     lines += ["", "The card during each timed case (NVML):"]
@@ -185,11 +190,7 @@ def markdown(result: dict) -> str:
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
     lines += ["", f"- {result.get('throttle_rule', gpu_clocks.THROTTLE_RULE)}."]
     if modelled:
-        card = result.get("model_card", {})
-        lines.append(
-            f"- model ms: `fa2patch report`'s calibrated estimate for a V100 with {card.get('sms')} SMs at "
-            f"{card.get('clock_mhz', 0):g} MHz (an estimate, not a measurement)."
-        )
+        lines.append(f"- {model_card_note(result)}.")
     elif result.get("model_note"):
         lines.append(f"- {result['model_note']}")
     if not result["is_v100"]:
