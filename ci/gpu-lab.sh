@@ -5,7 +5,7 @@
 # and the pure-Python wheels the lab machine lacks (gitpython, gitdb, smmap, tomlkit; nvidia-ml-py
 # for bench's and tune's NVML samples):
 #   python -m pip download --no-deps --only-binary=:all: -d .lab gitpython gitdb smmap tomlkit nvidia-ml-py
-#   .venv/bin/fa2patch fetch && cp ~/.cache/fa2patch/archives/"$(.venv/bin/python -m fa2patch.labtools sdist-name)" .lab/
+#   .venv/bin/fa2patch fetch && cp ~/.cache/fa2patch/archives/"$(.venv/bin/python -m fa2patch.lab.labtools sdist-name)" .lab/
 # Results go to $OUT (or ./lab-out): logs, each pytest session's log and JUnit XML, gpu-summary.json.
 # Switches: LAB_REUSE_BUILD=1 keeps an existing build/sm_90 (a warm machine), LAB_TESTS=0 skips
 # tests/gpu, LAB_PYTEST_ARGS adds pytest arguments, split as a shell splits words ("-m slow",
@@ -19,7 +19,7 @@
 # LAB_VLLM_CMAKE=1 builds the extension through vLLM's own CMake instead of `fa2patch build`: the
 # `fa2patch package --vllm-src` tree, vLLM's real vllm_flash_attn.cmake under the FA2 part of its
 # top-level CMakeLists.txt (from .lab/vllm-src.tar.gz), nvcc for sm_90 (TORCH_CUDA_ARCH_LIST=9.0),
-# installed as vLLM's setup.py installs it (tools/fa2patch/vllm_cmake.py); `fa2patch verify
+# installed as vLLM's setup.py installs it (tools/fa2patch/vllm/cmake.py); `fa2patch verify
 # --artifact` checks the installed file, and build/sm_90 then holds it for smoke, tests/gpu and
 # LAB_VLLM. Needs cmake >= 3.26; $out/vllm-cmake.json holds the nvcc commands and their check.
 set -uo pipefail
@@ -31,7 +31,7 @@ if compgen -G ".lab/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/fa2patch-site
 fi
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
-lab() { python3 -m fa2patch.labtools "$@"; }
+lab() { python3 -m fa2patch.lab.labtools "$@"; }
 lab banner
 # The lab image's compilers (/opt/gcc) link libstdc++ statically, which breaks the extension (verify
 # checks it): build with the system compiler that nvcc uses. CMake passes $CUDAHOSTCXX to nvcc as
@@ -39,7 +39,7 @@ lab banner
 unset CXX CC CUDAHOSTCXX NVCC_CCBIN
 export FA2PATCH_CACHE=${FA2PATCH_CACHE:-/tmp/fa2patch-cache} FA2PATCH_ROOT=$PWD
 f() { echo "[lab] fa2patch $*"; python3 -m fa2patch "$@"; }
-# The decisions (the sdist's name, the summaries) are tools/fa2patch/labtools.py's; this script orchestrates.
+# The decisions (the sdist's name, the summaries) are tools/fa2patch/lab/labtools.py's; this script orchestrates.
 status=0
 if [ "${LAB_REUSE_BUILD:-0}" = 1 ] && [ -f build/sm_90/manifest.json ]; then
     echo "[lab] reusing build/sm_90"
@@ -51,7 +51,7 @@ else
     if [ "${LAB_VLLM_CMAKE:-0}" = 1 ]; then
         [ -n "${CUDA_HOME:-}" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || export CUDA_HOME=/usr/local/cuda
         echo "[lab] vLLM's CMake builds the --vllm-src tree for sm_90 (nvcc)"
-        python3 -m fa2patch.vllm_cmake lab --workspace work/lab --vllm-archive "${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src.tar.gz}" \
+        python3 -m fa2patch.vllm.cmake lab --workspace work/lab --vllm-archive "${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src.tar.gz}" \
             --work work/vllm-cmake --arch sm_90 --lab-build-dir build/sm_90 --python "$(command -v python3)" \
             --summary "$out/vllm-cmake.json" >"$out/build.log" 2>&1
         rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1

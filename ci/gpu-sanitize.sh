@@ -14,8 +14,8 @@ export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH} FA2PATCH_FORCE_SM70=1
 so=build/sm_90/_vllm_fa2_C.abi3.so
 # family|harness|spec, one case a line: small shapes of every kernel family, and the GPU suite's
 # bad inputs that it marks for the sanitizer (tests/gpu/sanitize_cases.py).
-# The decisions (which cases, each run's verdict, the summary) are tools/fa2patch/labtools.py's.
-lab() { python3 -m fa2patch.labtools "$@"; }
+# The decisions (which cases, each run's verdict, the summary) are tools/fa2patch/lab/labtools.py's.
+lab() { python3 -m fa2patch.lab.labtools "$@"; }
 mapfile -t cases < <(python3 tests/gpu/sanitize_cases.py)
 [ ${#cases[@]} -gt 0 ] || { echo "[sanitize] tests/gpu/sanitize_cases.py listed no case" >&2; exit 2; }
 # SANITIZE_FAMILIES (a Python regular expression) keeps only the cases of families it matches whole.

@@ -24,15 +24,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
 # The decisions (the archive's contents, the fp16 edit, the verdicts and the expected case counts) are
-# tools/fa2patch/labtools.py's; this script orchestrates.
-lab() { python3 -m fa2patch.labtools "$@"; }
+# tools/fa2patch/lab/labtools.py's; this script orchestrates.
+lab() { python3 -m fa2patch.lab.labtools "$@"; }
 out=${OUT:-$PWD/lab-out}
 archive=${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src.tar.gz}
 
 case "${1:-}" in
 prepare)
     mkdir -p .lab
-    .venv/bin/python -m fa2patch.labtools vllm-prepare "$archive" || exit 2
+    .venv/bin/python -m fa2patch.lab.labtools vllm-prepare "$archive" || exit 2
     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --platform manylinux2014_x86_64 -d .lab numpy || exit 2
     du -sh .lab
@@ -59,7 +59,7 @@ src=$(echo "$work"/vllm-*)
 cp "$so" "$src/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 run=$work/run
 mkdir "$run"
-cp ci/vllm-lab/conftest.py ci/vllm-lab/test_kv_cache_views.py tests/vllm_stubs.py "$run/"
+cp ci/vllm-lab/conftest.py ci/vllm-lab/test_kv_cache_views.py tests/vllm/vllm_stubs.py "$run/"
 lab vllm-fp16-test "$src/tests/kernels/attention/test_flash_attn.py" "$run/test_flash_attn.py" || exit 2
 
 echo "[vllm] vLLM $(basename "$src"), extension $so -> vllm/vllm_flash_attn/, SM70 kernels forced"

@@ -11,14 +11,14 @@ cd "$(dirname "$0")/.."
 # it with baseline.lock).
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[build,test]'
 pin() {  # a [toolchain] field of baseline.lock
-    .venv/bin/python -c 'import sys; from fa2patch.lockfile import Lock
+    .venv/bin/python -c 'import sys; from fa2patch.common.lockfile import Lock
 print(getattr(Lock.load("baseline.lock").toolchain, sys.argv[1]))' "$1"
 }
 clang_major=$(pin clang)
 
 apt_missing=()
 command -v "clang++-$clang_major" >/dev/null || apt_missing+=("clang-$clang_major")
-command -v "clang-format-$clang_major" >/dev/null || apt_missing+=("clang-format-$clang_major")  # tests/test_clang_format.py
+command -v "clang-format-$clang_major" >/dev/null || apt_missing+=("clang-format-$clang_major")  # tests/series/test_clang_format.py
 command -v ccache >/dev/null || apt_missing+=(ccache)
 command -v git >/dev/null || apt_missing+=(git)
 command -v c++filt >/dev/null || apt_missing+=(binutils)

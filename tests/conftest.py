@@ -64,7 +64,7 @@ files = {len(MINI_FILES)}
 def clang_cuda(tmp_path_factory):
     """clang++ and a CUDA path assembled from the pinned wheels, for compiling small kernels
     (test_toolchain_sass.py, test_report_sass.py)."""
-    from fa2patch import toolchain
+    from fa2patch.build import toolchain
 
     require_toolchain()
     d = tmp_path_factory.mktemp("cuda")
@@ -86,7 +86,7 @@ def real_project(tmp_path_factory) -> MiniProject:
         shutil.copy(REPO / name, root / name)
     for name in ("patches", "schemas", "packaging"):
         shutil.copytree(REPO / name, root / name)
-    from fa2patch.project import user_cache_dir
+    from fa2patch.common.project import user_cache_dir
 
     return MiniProject(root, user_cache_dir(), user_cache_dir() / "archives")
 
@@ -112,8 +112,8 @@ def built_sm70(real_project, real_workspace) -> Path:
 def vllm_src(real_project, tmp_path_factory):
     """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
     code = (
-        "import sys; from pathlib import Path; from fa2patch.project import Project; "
-        "from fa2patch.package import extract_vllm_sources; from fa2patch.labtools import VLLM_LAB_FILES; "
+        "import sys; from pathlib import Path; from fa2patch.common.project import Project; "
+        "from fa2patch.vllm.package import extract_vllm_sources; from fa2patch.lab.labtools import VLLM_LAB_FILES; "
         "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), VLLM_LAB_FILES))"
     )
     dest = tmp_path_factory.mktemp("vllm")

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def reference_digest(files: dict[str, tuple[int, bytes]]) -> str:
-    """The tree digest, recomputed here from its definition (not with fa2patch.digest)."""
+    """The tree digest, recomputed here from its definition (not with fa2patch.common.digest)."""
     lines = [
         f"{'100755' if mode & 0o111 else '100644'} {hashlib.sha256(data).hexdigest()} {p}\n"
         for p, (mode, data) in sorted(files.items(), key=lambda kv: kv[0].encode())
@@ -85,14 +85,14 @@ class MiniProject:
 
 def locked_toolchain():
     """This repository's [toolchain] pins."""
-    from fa2patch.lockfile import Lock
+    from fa2patch.common.lockfile import Lock
 
     return Lock.load(REPO / "baseline.lock").toolchain
 
 
 def require_toolchain():
     """Skip without the sm_70 toolchain, unless CI demands it (FA2PATCH_REQUIRE_TOOLCHAIN=1)."""
-    from fa2patch import toolchain
+    from fa2patch.build import toolchain
 
     pins = locked_toolchain()
     missing = [
@@ -113,7 +113,7 @@ def require_toolchain():
 
 def dense_geometry(head_dim, rows=64, keys=32, warps=4):
     """A build_info() kernel entry of the exact route as the extension declares it."""
-    from fa2patch.routes import EXACT
+    from fa2patch.common.routes import EXACT
 
     return {
         "kernel": f"flash_fwd_sm70_kernel<{head_dim}>",
@@ -135,3 +135,31 @@ def cpp_head_dims(tree: Path) -> list[int]:
     found = re.findall(r"kHeadDims\s*=\s*\{([0-9,\s]+)\}", text)
     assert len(found) == 1, "kernel_traits.h must define kHeadDims exactly once"
     return [int(x) for x in found[0].split(",")]
+
+
+# One mma.m8n8k4 (four HMMA.884 steps on sm_70), for tiny kernels built by the tests.
+MMA = (
+    'asm volatile("mma.sync.aligned.m8n8k4.row.col.f32.f16.f16.f32 {%0,%1,%2,%3,%4,%5,%6,%7}, '
+    '{%8,%9}, {%10,%11}, {%0,%1,%2,%3,%4,%5,%6,%7};" : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), '
+    '"+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) : "r"(a[0]), "r"(a[1]), '
+    '"r"(b[0]), "r"(b[1]));'
+)
+
+
+def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
+    """Compile ``source`` for sm_70 with the locked clang and CUDA folder; (object, stderr)."""
+    from fa2patch.build.compile import clang_cuda_flags
+
+    clang, cuda = clang_cuda
+    src, obj = tmp_path / "k.cu", tmp_path / "k.o"
+    src.write_text(source)
+    flags = clang_cuda_flags("sm_70", cuda, locked_toolchain().cuda)
+    if not macros:
+        flags = [f for f in flags if "__CUDACC_VER" not in f]
+    proc = subprocess.run(
+        [str(clang), "-O3", "-std=c++17", *flags, *extra, "-c", str(src), "-o", str(obj)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return obj, proc.stderr

@@ -20,7 +20,8 @@ MODULES = {
     "indirect.py": "from . import top_torch\n",
     "numpy_user.py": "import numpy as np\n",
     "gpu_probe.py": "import pynvml\n",
-    "reference.py": "import torch\n",  # in NEEDS_TORCH, with its reason
+    "measure/__init__.py": "",
+    "measure/reference.py": "import torch\n",  # in NEEDS_TORCH, with its reason
     "__main__.py": "raise SystemExit(3)\n",  # an entry point runs when imported: not imported
 }
 
@@ -32,7 +33,7 @@ def run(root, package="pkg"):
 
 
 def test_refuses_torch_gpu_libraries_and_extras_at_import_time(tmp_path):
-    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "measure").mkdir(parents=True)
     for name, text in MODULES.items():
         (tmp_path / "pkg" / name).write_text(text)
     proc = run(tmp_path)
@@ -57,9 +58,31 @@ def test_base_imports_cover_the_declared_dependencies_and_exceptions_say_why():
     names = {d.split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in declared}
     assert names <= set(check_imports.BASE_IMPORTS)
     assert all(len(reason) > 20 for reason in check_imports.NEEDS_TORCH.values())
-    assert all((REPO / "tools" / "fa2patch" / f"{m}.py").is_file() for m in check_imports.NEEDS_TORCH)
+    assert all(
+        (REPO / "tools" / "fa2patch" / (m.replace(".", "/") + ".py")).is_file() for m in check_imports.NEEDS_TORCH
+    )
 
 
 def test_fa2patch_imports_without_torch():
     proc = run(REPO / "tools", "fa2patch")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_stages_import_only_downward(tmp_path):
+    """A stage importing a later one is refused, by absolute or relative import and inside a function;
+    its own and earlier stages are fine."""
+    pkg = tmp_path / "pkg"
+    for stage in ("common", "build", "cli"):
+        (pkg / stage).mkdir(parents=True)
+        (pkg / stage / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "common" / "errors.py").write_text("X = 1\n")
+    (pkg / "build" / "ok.py").write_text("from pkg.common.errors import X\nfrom . import late\n")
+    (pkg / "build" / "late.py").write_text("def f():\n    from ..cli import main\n    return main\n")
+    (pkg / "cli" / "main.py").write_text("from pkg.build import ok\n")
+    (pkg / "common" / "up.py").write_text("import pkg.build.ok\n")
+    found = check_imports.stage_violations(tmp_path, "pkg")
+    assert set(found) == {"build.late", "common.up"}
+    assert "imports pkg.cli" in found["build.late"] and "later stage 'cli'" in found["build.late"]
+    proc = run(tmp_path)
+    assert proc.returncode == 1 and "pkg.common.up: stage 'common' imports pkg.build" in proc.stdout

@@ -4,7 +4,7 @@
 
 import re
 
-from fa2patch.cli import cli
+from fa2patch.cli.main import cli
 from helpers import REPO
 
 

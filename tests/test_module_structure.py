@@ -1,47 +1,55 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The shape of tools/fa2patch (issue 18): short modules, a shallow import graph without cycles, the
-model below the GPU commands, and no module reaching into another's private names. Computed from
-the sources' relative imports (`from . import x`, `from .x import y`, in functions too)."""
+"""The shape of tools/fa2patch: stage folders small enough to take in at a glance, short modules, a
+shallow import graph without cycles, the model below the GPU commands, and no module reaching into
+another's private names. Computed from the sources' imports (absolute and relative, in functions
+too); ci/check_imports.py enforces the stage order itself."""
 
 import ast
+import sys
 from functools import lru_cache
 
 from helpers import REPO
 
+sys.path.insert(0, str(REPO / "ci"))
+import check_imports
+
 PACKAGE = REPO / "tools" / "fa2patch"
 MAX_LINES = 450
 MAX_LAYERS = 8
+MAX_MODULES_PER_STAGE = 15
 # The V100 model and report: they must load without the modules that build, verify or run the
-# extension on a GPU (report reads the extension through extension.py only).
-MODEL = (
-    "report",
-    "report_text",
-    "sass_mix",
-    "exact_route",
-    "gqa_route",
-    "calibration",
-    "v100model",
-    "phases",
-    "peer",
-    "user_anchors",
-    "shapes",
-    "extension",
-)
-GPU_SIDE = ("bench", "smoke", "verify", "build", "tune", "tune_worker")
+# extension on a GPU (report reads the extension through build/extension.py only).
+MODEL_STAGES = ("model", "peers")
+GPU_SIDE = ("measure.bench", "measure.smoke", "build.verify", "build.compile", "measure.tune", "measure.tune_worker")
 
 
-def imports(name: str) -> list[tuple[str, list[str]]]:
-    """(module, names) of each relative import of ``name``: names are those imported from a module,
-    or the modules themselves for `from . import a, b`."""
+def dotted(path) -> str:
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+
+
+MODULES = sorted(dotted(p) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
+
+
+def imports(module: str) -> list[tuple[str, list[str]]]:
+    """(imported module, names) per import of fa2patch in ``module``: names are those imported from
+    a module, or none for a module imported as such."""
+    here = module.split(".")[:-1]
     out = []
-    for node in ast.walk(ast.parse((PACKAGE / f"{name}.py").read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [a.name for a in node.names]
-            out += [(node.module, names)] if node.module else [(n, []) for n in names]
+    for node in ast.walk(ast.parse((PACKAGE / (module.replace(".", "/") + ".py")).read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            base = ".".join([*here[: len(here) - node.level + 1], *([node.module] if node.module else [])])
+        elif node.module == "fa2patch" or (node.module or "").startswith("fa2patch."):
+            base = node.module.removeprefix("fa2patch").lstrip(".")
+        else:
+            continue
+        for a in node.names:
+            sub = f"{base}.{a.name}".lstrip(".")
+            out.append((sub, []) if sub in MODULES else (base, [a.name]))
     return out
 
 
-MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
 GRAPH = {m: sorted({mod for mod, _ in imports(m) if mod in MODULES and mod != m}) for m in MODULES}
 
 
@@ -62,12 +70,30 @@ def reach(module: str) -> set[str]:
     return out
 
 
-def test_the_graph_helpers_on_the_package_root():
-    assert "__main__" in MODULES and GRAPH["__main__"] == ["cli"] and depth("errors") == 1
+def test_the_graph_helpers_on_the_package():
+    assert GRAPH["__main__"] == ["cli.main"] and depth("common.errors") == 1
+    assert "common.errors" in GRAPH["cli.main"] and "cli.common" in GRAPH["cli.main"]
+
+
+def test_every_module_lives_in_a_stage_folder_small_enough_to_read_at_a_glance():
+    top = {m for m in MODULES if "." not in m}
+    assert top == {"__main__"}
+    stages = {m.split(".")[0] for m in MODULES} - top
+    assert stages == set(check_imports.STAGES)
+    sizes = {s: sum(m.startswith(s + ".") for m in MODULES) for s in stages}
+    assert {s: n for s, n in sizes.items() if n > MAX_MODULES_PER_STAGE} == {}
+    undocumented = [
+        s for s in stages if len(ast.get_docstring(ast.parse((PACKAGE / s / "__init__.py").read_text())) or "") < 80
+    ]
+    assert undocumented == []
 
 
 def test_no_module_is_longer_than_the_limit():
-    long = {m: n for m in MODULES if (n := len((PACKAGE / f"{m}.py").read_text().splitlines())) > MAX_LINES}
+    long = {
+        m: n
+        for m in MODULES
+        if (n := len((PACKAGE / (m.replace(".", "/") + ".py")).read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -77,7 +103,7 @@ def test_the_import_graph_is_shallow_and_acyclic():
 
 
 def test_the_model_imports_nothing_that_builds_verifies_or_runs_on_a_gpu():
-    leaks = {m: sorted(reach(m) & set(GPU_SIDE)) for m in MODULES if m in MODEL}
+    leaks = {m: sorted(reach(m) & set(GPU_SIDE)) for m in MODULES if m.split(".")[0] in MODEL_STAGES}
     assert {m: v for m, v in leaks.items() if v} == {}
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """pytest set-up for vLLM's FA2 kernel test on the GPU lab. ci/gpu-vllm.sh copies this folder,
-tests/vllm_stubs.py and vLLM's own tests/kernels/attention/test_flash_attn.py into one run folder.
+tests/vllm/vllm_stubs.py and vLLM's own tests/kernels/attention/test_flash_attn.py into one run folder.
 
 Everything goes through vLLM's real ``vllm/vllm_flash_attn`` package: the extension sits where
 vLLM's build installs it and vLLM's interface imports it (``from . import _vllm_fa2_C``);

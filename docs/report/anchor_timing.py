@@ -11,9 +11,9 @@ or to the latencies in v100.toml:
 import re
 from pathlib import Path
 
-from fa2patch import sass
-from fa2patch.sass_mix import sass_record
-from fa2patch.v100model import load_v100
+from fa2patch.build import sass
+from fa2patch.model.sass_mix import sass_record
+from fa2patch.model.v100model import load_v100
 
 v = load_v100()
 SCR = {

@@ -11,9 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from fa2patch import calibration as c, phases, report, routes, sass, sass_mix, v100model as m
-from fa2patch.extension import launches_of
-from fa2patch.shapes import parse_shapes
+from fa2patch.build import sass
+from fa2patch.build.extension import launches_of
+from fa2patch.common import routes
+from fa2patch.common.shapes import parse_shapes
+from fa2patch.model import calibration as c, phases, report, sass_mix, v100model as m
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
 SCR = {

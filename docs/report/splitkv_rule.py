@@ -49,7 +49,7 @@ def rule(heads_q: int, max_seqlen_q: int, max_seqlen_k: int, batch: int, sms: in
 
 
 def shapes():
-    from fa2patch.shapes import Shape
+    from fa2patch.common.shapes import Shape
 
     heads = {
         256: [(1, 1), (2, 1), (4, 1), (6, 1), (8, 1), (12, 2), (16, 2), (32, 4)],
@@ -71,10 +71,10 @@ def shapes():
 
 
 def run(artifact: Path) -> None:
-    from fa2patch import report
-    from fa2patch.calibration import calibrate
-    from fa2patch.extension import launches_of, load_build_info
-    from fa2patch.v100model import Calibration, Card, load_v100, route_timer
+    from fa2patch.build.extension import launches_of, load_build_info
+    from fa2patch.model import report
+    from fa2patch.model.calibration import calibrate
+    from fa2patch.model.v100model import Calibration, Card, load_v100, route_timer
 
     v100 = load_v100()
     cal = calibrate(v100)

@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from fa2patch import numerics
+from fa2patch.common import numerics
 from sm70_cases import _first_line, error_of, fa2_mask, harness_main, run_mode, run_op_only, run_script, with_defaults
 
 DEFAULTS = {
@@ -238,7 +238,7 @@ def expected(spec, x, k0, v0):
 def run_numerics(op, spec, x) -> dict:
     import torch
 
-    from fa2patch.reference import attention_ref, compare
+    from fa2patch.measure.reference import attention_ref, compare
 
     k0, v0 = x["kcache"].clone(), x["vcache"].clone()
     q0 = x["q"].clone()

@@ -30,7 +30,7 @@ The spec (every key optional except ``seqlens``; defaults in ``DEFAULTS``):
   ref_dtype      "float32" (default) or "float64": compute dtype of the accurate reference
   ref_chunk_elems  largest score block (heads x rows x keys) the reference materialises; longer
                  sequences are computed in chunks of query rows (needs a right window of 0)
-  lse_tol        absolute tolerance on softmax_lse (default: the contract's, fa2patch.numerics)
+  lse_tol        absolute tolerance on softmax_lse (default: the contract's, fa2patch.common.numerics)
   expect_error   true: the call is expected to raise; no reference, report the error instead
   bad_block_table  with expect_error: [sequence, block index, value] written into block_table
   bad_cu_seqlens_q, bad_cu_seqlens_k, bad_seqused_k  with expect_error: values that replace the
@@ -63,7 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
-from fa2patch import numerics
+from fa2patch.common import numerics
 
 DEFAULTS = {
     "seqlens": None,
@@ -319,7 +319,7 @@ def reference(spec, q, k, v, scale, alibi, dtype, mask=None):
     """attention_ref on one sequence, in chunks of query rows when the score block is large.
 
     ``mask`` is (causal, window) as the kernel sees them (``fa2_mask``); default: the spec's."""
-    from fa2patch.reference import attention_ref_chunked
+    from fa2patch.measure.reference import attention_ref_chunked
 
     causal, window = mask if mask is not None else (bool(spec["causal"]), tuple(spec["window"]))
     return attention_ref_chunked(
@@ -339,7 +339,7 @@ def reference(spec, q, k, v, scale, alibi, dtype, mask=None):
 def run_numerics(op, spec, inputs) -> dict:
     import torch
 
-    from fa2patch.reference import compare
+    from fa2patch.measure.reference import compare
 
     hq, d = spec["hq"], spec["d"]
     snapshot = [t.clone() for t in (inputs["q"], inputs["k"], inputs["v"])]
@@ -577,7 +577,7 @@ def _reference_op(
     it reads the paged cache its own way, through seqused_k, and ignores cu_seqlens_k then)."""
     import torch
 
-    from fa2patch.reference import attention_ref
+    from fa2patch.measure.reference import attention_ref
 
     hq, d = q.shape[1], q.shape[2]
     if d > 256 or d % 8 or hq % k.shape[-2]:

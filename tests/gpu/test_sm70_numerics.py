@@ -4,7 +4,7 @@
 Each case runs ``sm70_cases.py`` in its own subprocess with FA2PATCH_FORCE_SM70=1 (a crash or a
 CUDA fault in one case cannot take the others down) and compares ``varlen_fwd``, called the way
 vLLM calls it (22 positional arguments, results in a NaN-filled ``out``), against the FP32
-reference with the thresholds of ``fa2patch.numerics``: FA2's bar, relative L2, finite outputs,
+reference with the thresholds of ``fa2patch.common.numerics``: FA2's bar, relative L2, finite outputs,
 softmax_lse, and bitwise
 determinism where a case asks for it. The cases are started up front, a few at a time
 (FA2PATCH_GPU_JOBS, default 6; slow ones FA2PATCH_GPU_SLOW_JOBS, default 2), because a
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.numerics import LSE_ABS_MAX, REL_L2_MAX
+from fa2patch.common.numerics import LSE_ABS_MAX, REL_L2_MAX
 
 SCRIPT = Path(__file__).with_name("sm70_cases.py")  # varlen_fwd cases
 KVCACHE_SCRIPT = Path(__file__).with_name("kvcache_cases.py")  # fwd_kvcache cases

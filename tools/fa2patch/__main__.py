@@ -1,4 +1,4 @@
 # SPDX-License-Identifier: BSD-3-Clause
-from .cli import main
+from fa2patch.cli.main import main
 
 main()

@@ -1,0 +1,317 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Fitting the V100 model to published measurements of open SM70 kernels (data/anchors.toml).
+
+Two parameters (v100model.Calibration), fitted by least squares on log(measured / estimate) over
+every anchor:
+
+- ``cycle_factor``: every modelled cycle of every kernel is this many real cycles: what the model
+  does not see and all kernels share (register-bank and shared-memory bank conflicts, scheduling
+  slack, warps drifting out of phase);
+- ``cta_cycles``: cycles added to every CTA of a fused attention kernel (an FA2-style grid: one CTA
+  per query tile over all its keys) beyond its code outside the loop. The split-D anchors need it:
+  their short sequences (few iterations per CTA) run slower per iteration than their long ones,
+  which only a cost per CTA explains (docs/report-model.md).
+
+Every anchor is also predicted by a fit without it (leave-one-out). An estimate's range is the
+point times (1 + the smallest) .. (1 + the largest) leave-one-out residual: how far off the model
+was on each published kernel it was not fitted to. Two routes are "separated" where their ranges
+do not overlap.
+"""
+
+import math
+from collections.abc import Sequence
+
+from fa2patch.model.loop_mix import mix_from_data
+from fa2patch.model.v100model import (
+    Calibration,
+    Card,
+    KernelLaunch,
+    fa2_grid_iterations,
+    gemm_launch,
+    load_data,
+    load_v100,
+    peak_tflops,
+    route_timer,
+)
+
+
+def anchor_card(anchor: dict) -> Card:
+    return Card(anchor["card"]["sms"], anchor["card"]["clock_mhz"])
+
+
+def kernel_code(kernel: dict) -> dict:
+    """A recorded kernel's hot loop, its code outside the loop (run once per CTA) and the
+    global-load rounds each CTA waits for before its first iteration (0 where the code outside
+    the loop was timed from the SASS: its loads are in it)."""
+    if "outside" in kernel:
+        return {
+            "loop": mix_from_data(kernel["loop"]),
+            "epilogue": mix_from_data(kernel["outside"]),
+            "prologue_load_rounds": 0,
+        }
+    return {
+        "loop": mix_from_data(kernel["loop"]),
+        "epilogue": mix_from_data(kernel.get("epilogue", {})),
+        "prologue_load_rounds": kernel.get("prologue_load_rounds", 1),
+    }
+
+
+def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
+    """The launches an anchor's measurement covers, rebuilt from its recorded workload."""
+    work = anchor["workload"]
+    if work["kind"] == "fa2-forward":
+        kernel = kernels[anchor["kernel"]]
+        its = fa2_grid_iterations(
+            work["q"], work["kv"], work["causal"], kernel["rows_per_cta"], kernel["keys_per_iteration"], work["hq"]
+        )
+        code = kernel_code(kernel)
+        return [
+            KernelLaunch(
+                anchor["kernel"],
+                code["loop"],
+                tuple(its),
+                kernel["warps"],
+                kernel["ctas_per_sm"],
+                code["epilogue"],
+                code["prologue_load_rounds"],
+                fused=True,
+            )
+        ]
+    if work["kind"] == "kv-blocked-gemms":
+        qk, pv = kernels[work["qk_kernel"]], kernels[work["pv_kernel"]]
+        qk_code, pv_code = kernel_code(qk), kernel_code(pv)
+        rows, d = work["q"] * work["hq"] // work["hkv"], work["d"]
+        launches = []
+        prefix = work["kv"] - work["q"]
+        for start in range(0, prefix, work["block_keys"]):
+            n = min(work["block_keys"], prefix - start)
+            scores = rows * n * 2
+            launches.append(
+                gemm_launch(
+                    work["qk_kernel"],
+                    qk_code["loop"],
+                    qk,
+                    rows,
+                    n,
+                    d,
+                    scores + rows * d * 2 + n * d * 2,
+                    qk_code["epilogue"],
+                    qk_code["prologue_load_rounds"],
+                )
+            )
+            launches.append(
+                gemm_launch(
+                    work["pv_kernel"],
+                    pv_code["loop"],
+                    pv,
+                    rows,
+                    d,
+                    n,
+                    scores + n * d * 2,
+                    pv_code["epilogue"],
+                    pv_code["prologue_load_rounds"],
+                )
+            )
+        return launches
+    raise ValueError(f"anchor {anchor['name']}: unknown workload kind {work['kind']!r}")
+
+
+def measured(anchor: dict) -> tuple[float, str]:
+    """What was published, in its unit: ms (less ``excluded_ms``, a part of the measurement that
+    is another kernel, measured separately) or TFLOP/s."""
+    if anchor["workload"]["kind"] == "tensor-peak":
+        return anchor["measured_tflops"], "TFLOP/s"
+    return anchor["measured_ms"] - anchor.get("excluded_ms", 0.0), "ms"
+
+
+def anchor_timer(anchor: dict, kernels: dict, v100: dict):
+    """The anchor's value (ms, or TFLOP/s for a rate anchor) as a function of a Calibration. A rate
+    anchor (a well-tiled GEMM, tensor-bound, several warps per scheduler) keeps the tensor pipe busy
+    1 / cycle_factor of the time, at the clock that duty allows. A user's anchor (kind "route",
+    user_anchors.py) carries its launches, its card and the clock measured during its calls."""
+    card = anchor_card(anchor)
+    work = anchor["workload"]
+    if work["kind"] == "tensor-peak":
+
+        def rate(cal: Calibration) -> float:
+            duty = 1.0 / cal.cycle_factor
+            return peak_tflops(card, card.clock_at(duty, v100), v100) * duty
+
+        return rate
+    if work["kind"] == "route":
+        return route_timer(work["launches"], card, v100, work["clock_mhz"])
+    return route_timer(anchor_launches(anchor, kernels), card, v100)
+
+
+def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
+    """The anchor's value as the model with ``cal`` estimates it (``anchor_timer``)."""
+    return anchor_timer(anchor, kernels, v100)(cal)
+
+
+def log_error(anchor: dict, value: float) -> float:
+    """log of how much slower the kernel ran than estimated (> 0: slower)."""
+    real, unit = measured(anchor)
+    return math.log(value / real) if unit == "TFLOP/s" else math.log(real / value)
+
+
+START = (0.0, 1.0)  # log cycle_factor, cta_cycles / 10^4
+
+
+def fit(
+    anchors: list[dict], kernels: dict, v100: dict, timers: list | None = None, start: tuple[float, float] = START
+) -> Calibration:
+    """Least squares of log(measured / estimate) over ``anchors`` (Nelder-Mead on log
+    cycle_factor and cta_cycles / 10^4, cta_cycles >= 0, from ``start``). ``timers``: the
+    anchors' ``anchor_timer``s, where already made."""
+    timers = timers or [anchor_timer(a, kernels, v100) for a in anchors]
+
+    def cal_of(x):
+        return Calibration(math.exp(x[0]), max(0.0, x[1]) * 1e4)
+
+    def cost(x):
+        cal = cal_of(x)
+        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers, strict=True)) + max(0.0, -x[1]) ** 2
+
+    return cal_of(nelder_mead(cost, list(start), [0.2, 2.0]))
+
+
+def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterations: int = 400) -> list[float]:
+    """Minimise ``f`` from ``x0`` (the standard reflection / expansion / contraction / shrink)."""
+    points = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)] for i, s in enumerate(step)]
+    values = [f(p) for p in points]
+    for _ in range(iterations):
+        order = sorted(range(len(points)), key=values.__getitem__)
+        points, values = [points[i] for i in order], [values[i] for i in order]
+        if values[-1] - values[0] < tol:
+            break
+        centre = [sum(c) / (len(points) - 1) for c in zip(*points[:-1], strict=True)]
+        worst = points[-1]
+        reflected = _toward(centre, worst, -1.0)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = _toward(centre, worst, -2.0)
+            fe = f(expanded)
+            points[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            points[-1], values[-1] = reflected, fr
+        else:
+            inner = _toward(centre, worst, 0.5)
+            fi = f(inner)
+            if fi < values[-1]:
+                points[-1], values[-1] = inner, fi
+            else:
+                points = [points[0]] + [
+                    [b + 0.5 * (p - b) for b, p in zip(points[0], q, strict=True)] for q in points[1:]
+                ]
+                values = [values[0]] + [f(p) for p in points[1:]]
+    return points[min(range(len(points)), key=values.__getitem__)]
+
+
+def _toward(centre: list[float], worst: list[float], t: float) -> list[float]:
+    """The point ``t`` of the way from ``centre`` to ``worst`` (t < 0: beyond the centre, away from it)."""
+    return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
+
+
+_CACHE: dict = {}
+
+
+def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence[dict] = ()) -> dict:
+    """The fitted parameters, each anchor (source, measured, model, calibrated, residual,
+    leave-one-out residual) and the range rule. Refitted on every run (cached for the default
+    data within one process). ``user``: anchors from users' bench files (user_anchors.py), fitted
+    together with the published ones, each fit starting from the published anchors' parameters;
+    ``within_targets`` judges the published anchors (issue 15's targets), the range all of them."""
+    key = None if v100 is None and data is None and not user else id(data)
+    if key is None and None in _CACHE:
+        return _CACHE[None]
+    v100 = v100 or load_v100()
+    data = data or load_data("anchors.toml")
+    kernels = {k["name"]: k for k in data["kernel"]}
+    anchors = list(data["anchor"]) + list(user)
+    timers = [anchor_timer(a, kernels, v100) for a in anchors]
+    start = START
+    if user:  # the published anchors' fit: a start near the answer (fewer steps for every fit)
+        published = fit(anchors[: len(data["anchor"])], kernels, v100, timers[: len(data["anchor"])])
+        start = (math.log(published.cycle_factor), published.cta_cycles / 1e4)
+    cal = fit(anchors, kernels, v100, timers, start)
+    rows = []
+    for i, a in enumerate(anchors):
+        real, unit = measured(a)
+        timer = timers[i]
+        loo = fit(anchors[:i] + anchors[i + 1 :], kernels, v100, timers[:i] + timers[i + 1 :], start)
+        rows.append(
+            {
+                "name": a["name"],
+                "kind": a.get("kind", "published"),
+                "source": a["source"],
+                "unit": unit,
+                "measured": real,
+                "card": a["card"],
+                "model": timer(Calibration()),
+                "calibrated": timer(cal),
+                "residual": math.expm1(log_error(a, timer(cal))),
+                "loo_residual": math.expm1(log_error(a, timer(loo))),
+                "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
+                "outlier": a.get("outlier"),
+                **{k: a[k] for k in USER_FIELDS if k in a},
+            }
+        )
+    loos = [r["loo_residual"] for r in rows]
+    targets = data.get("targets", {"residual": 0.10, "loo": 0.15})
+    held = [r for r in rows if not r["outlier"] and r["kind"] == "published"]
+    out = {
+        "parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
+        "anchors": rows,
+        "targets": targets,
+        "residual_range": [min(r["residual"] for r in rows), max(r["residual"] for r in rows)],
+        "loo_range": [min(loos), max(loos)],
+        "within_targets": all(
+            abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"] for r in held
+        ),
+        "range_rule": "point x (1 + smallest) .. (1 + largest) leave-one-out residual of the anchors",
+    }
+    if key is None:
+        _CACHE[None] = out
+    return out
+
+
+USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "throttled")
+
+
+def with_range(ms: float, calibration: dict) -> dict:
+    """An estimate with its range (``calibrate``'s range rule); the range always holds the point."""
+    lo, hi = calibration["loo_range"]
+    return {
+        "calibrated_ms": ms,
+        "calibrated_ms_low": ms * min(1.0, 1.0 + lo),
+        "calibrated_ms_high": ms * max(1.0, 1.0 + hi),
+    }
+
+
+def separated(a: dict, b: dict) -> bool:
+    """Whether two estimates' ranges do not overlap."""
+    return a["calibrated_ms_high"] < b["calibrated_ms_low"] or b["calibrated_ms_high"] < a["calibrated_ms_low"]
+
+
+def faster_if_separated(a: dict, b: dict) -> str:
+    """'a' or 'b' where one route's range lies wholly below the other's, else 'not separated'."""
+    if not separated(a, b):
+        return "not separated"
+    return "a" if a["calibrated_ms_high"] < b["calibrated_ms_low"] else "b"
+
+
+def range_text(point: float, low: float, high: float, digits: int = 3) -> str:
+    """ "3.12 (2.78-3.45)": a point with its range."""
+    return f"{point:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def header_text(calibration: dict) -> str:
+    """One paragraph: the fitted parameters, the anchors' residuals and the range rule."""
+    p, (lo, hi), (llo, lhi) = calibration["parameters"], calibration["residual_range"], calibration["loo_range"]
+    return (
+        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f} and {p['cta_cycles']:,.0f} cycles per "
+        f"fused-attention CTA, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
+        f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); range: the point x (1 {llo:+.1%}) .. (1 {lhi:+.1%}), how far "
+        f"off the model was on each anchor it was not fitted to; two routes are separated where their ranges "
+        f"do not overlap."
+    )

@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Users' bench files as calibration anchors: `fa2patch report --anchors FILE...`.
+
+Each case of a bench JSON file (``fa2patch bench --json-file``) run on an SM70 card becomes an
+anchor: measured = the case's median time; workload = our own route's launches at that shape on
+that card (report.route_launches, with the file's SM count); clock = the median SM clock NVML
+sampled during the case's timed calls (``clocks.sm_clock_mhz.median``), or where NVML was not
+sampled the SM clock nvidia-smi read right after them (``sm_clock_after``). The model runs the
+anchor at that measured clock, not at the one its tensor duty would allow (v100model.route_timer).
+A file from another GPU is refused; a case without a time or a clock is left out and listed.
+
+The user anchors are fitted together with the published ones (calibration.calibrate), one
+weight each; ``movement`` says how the parameters and the range moved, and each user anchor's
+residual and leave-one-out residual.
+"""
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from fa2patch.build.extension import mhz
+from fa2patch.common.errors import EnvironmentProblem
+from fa2patch.common.shapes import Shape
+from fa2patch.common.tables import table
+from fa2patch.model.v100model import Card
+
+
+def read_bench(path: Path) -> dict:
+    """A bench JSON file from an SM70 card, with its SM count; refused otherwise."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"--anchors {path}: cannot read it as JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise EnvironmentProblem(
+            f"--anchors {path}: not a bench JSON file (expected an object with 'results', "
+            f"as `fa2patch bench --json-file` writes)"
+        )
+    if doc.get("capability") != "sm_70":
+        raise EnvironmentProblem(
+            f"--anchors {path}: expected a bench file from an sm_70 card (a V100), actual "
+            f"{doc.get('capability')!r} ({doc.get('gpu', 'unknown GPU')}): timings of the SM70 "
+            f"kernels on another GPU say nothing about a V100"
+        )
+    sms = doc.get("sms")
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+        raise EnvironmentProblem(f"--anchors {path}: the file records no SM count ('sms': {sms!r})")
+    return doc
+
+
+def case_clock(case: dict) -> tuple[float, str] | None:
+    """(MHz, source) of the SM clock a case ran at, or None when nothing measured it."""
+    sm = ((case.get("clocks") or {}).get("sm_clock_mhz") or {}).get("median")
+    if sm:
+        return float(sm), "NVML median during the timed calls"
+    after = mhz(case.get("sm_clock_after"))
+    return (after, "nvidia-smi right after the timed calls") if after else None
+
+
+def anchors_from(path: Path, doc: dict, launches_for) -> tuple[list[dict], list[dict]]:
+    """(anchors, skipped cases with the reason) of one bench file. ``launches_for(shape, route,
+    card)``: our route's launches for the case (report.route_launches)."""
+    anchors, skipped = [], []
+    for case in doc["results"]:
+        label, route = case.get("label", "?"), case.get("route", "?")
+        why = None
+        if not isinstance(case.get("median_ms"), (int, float)) or case["median_ms"] <= 0:
+            why = f"no time ({(case.get('error') or 'no median_ms').splitlines()[-1][:80]})"
+        clock = case_clock(case)
+        if why is None and clock is None:
+            why = "no clock: NVML was not sampled and nvidia-smi gave none"
+        elif why is None and clock is not None:
+            shape = Shape(**case["shape"])
+            card = Card(doc["sms"], clock[0])
+            try:
+                launches = launches_for(shape, route, card)
+            except EnvironmentProblem as exc:
+                why = str(exc)
+        if why is not None or clock is None:  # no clock: always with its reason
+            skipped.append({"file": str(path), "label": label, "route": route, "reason": why})
+            continue
+        anchors.append(
+            {
+                "name": f"{label} {route}",
+                "kind": "user",
+                "source": {
+                    "file": str(path),
+                    "gpu": doc.get("gpu"),
+                    "driver": doc.get("driver"),
+                    "manifest_sha256": doc.get("manifest_sha256"),
+                    "fa2patch": doc.get("fa2patch"),
+                },
+                "card": {"sms": doc["sms"], "clock_mhz": clock[0]},
+                "measured_ms": case["median_ms"],
+                "workload": {"kind": "route", "launches": launches, "clock_mhz": clock[0]},
+                "file": str(path),
+                "shape": case["shape"],
+                "label": label,
+                "route": route,
+                "clock_mhz": clock[0],
+                "clock_source": clock[1],
+                "throttled": case.get("throttled"),
+            }
+        )
+    return anchors, skipped
+
+
+def shapes_of(paths: Sequence[Path]) -> list[Shape]:
+    """The shapes of every case of the bench files (for what report reads from the extension first)."""
+    return [Shape(**case["shape"]) for p in paths for case in read_bench(p)["results"] if "shape" in case]
+
+
+def load(paths: Sequence[Path], launches_for) -> tuple[list[dict], list[dict]]:
+    """Every file's anchors and skipped cases; an unreadable or non-SM70 file refuses the run."""
+    docs = [(Path(p), read_bench(p)) for p in paths]
+    anchors, skipped = [], []
+    for path, doc in docs:
+        a, s = anchors_from(path, doc, launches_for)
+        anchors += a
+        skipped += s
+    return anchors, skipped
+
+
+def summary(cal: dict) -> dict:
+    return {k: cal[k] for k in ("parameters", "residual_range", "loo_range")} | {"anchors": len(cal["anchors"])}
+
+
+def movement(before: dict, after: dict, files: Sequence[Path], skipped: list[dict]) -> dict:
+    """How the fit moved: the published anchors' fit, the fit with the user anchors, each user
+    anchor (file, shape, route, clock, measured, calibrated, residual, leave-one-out residual)."""
+    user = [
+        {
+            k: a.get(k)
+            for k in (
+                "name",
+                "file",
+                "label",
+                "route",
+                "card",
+                "clock_mhz",
+                "clock_source",
+                "throttled",
+                "measured",
+                "model",
+                "calibrated",
+                "residual",
+                "loo_residual",
+            )
+        }
+        for a in after["anchors"]
+        if a["kind"] == "user"
+    ]
+    return {
+        "files": [str(f) for f in files],
+        "before": summary(before),
+        "after": summary(after),
+        "user_anchors": user,
+        "skipped": skipped,
+        "median_user_residual": statistics.median(a["residual"] for a in user) if user else None,
+    }
+
+
+def render_calibration(result: dict) -> list[str]:
+    """The anchors' table (published and users') and, with user anchors, how the fit moved."""
+    cal = result["calibration"]
+    lines = [
+        "",
+        "Calibration anchors (published V100 measurements of open SM70 kernels, "
+        "tools/fa2patch/data/anchors.toml, and users' bench files given with --anchors), recomputed now:",
+    ]
+    lines.append(
+        table(
+            [
+                [
+                    a["name"],
+                    Path(a["file"]).name if a["kind"] == "user" else "published",
+                    f"{a['card']['sms']}, {a['card']['clock_mhz']:g}",
+                    f"{a['measured']:.4g} {a['unit']}",
+                    f"{a['model']:.4g}",
+                    f"{a['calibrated']:.4g}",
+                    f"{a['residual']:+.1%}",
+                    f"{a['loo_residual']:+.1%}",
+                    a["outlier"] or ("throttled" if a.get("throttled") else ""),
+                ]
+                for a in cal["anchors"]
+            ],
+            ["anchor", "from", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out", "note"],
+        )
+    )
+    t = cal["targets"]
+    if not cal["within_targets"]:
+        lines.append(
+            f"WARNING: a published anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) "
+            f"or +-{t['loo']:.0%} (leave-one-out)"
+        )
+    fit = result.get("anchor_fit")
+    if fit:
+        b, a = fit["before"], fit["after"]
+        pct = lambda r: f"{r[0]:+.1%} .. {r[1]:+.1%}"  # noqa: E731
+        pb, pa = b["parameters"], a["parameters"]
+        lines += [
+            "",
+            f"The fit with users' anchors ({', '.join(fit['files'])}): {b['anchors']} -> {a['anchors']} "
+            f"anchors; cycle factor {pb['cycle_factor']:.3f} -> {pa['cycle_factor']:.3f}, "
+            f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
+            f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out (the range) "
+            f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}. A user anchor runs at its measured clock "
+            f"(the clock column above).",
+        ]
+        for s in fit["skipped"]:
+            lines.append(f"left out: {Path(s['file']).name}: {s['label']} {s['route']}: {s['reason']}")
+    return lines
