@@ -10,6 +10,10 @@ vLLM 0.33 refuses FlashAttention-2 below capability 8.0 in three places:
 answer yes for (7, 0) when fa2patch's operators are the ones loaded, and call vLLM's own
 function for everything else; the second follows from the first.
 
+Once vLLM's interface has imported the extension, the plugin installs the routing profile named in
+FA2PATCH_ROUTING_PROFILE (``routing_profile.install``: read and checked here, with the standard
+library; the extension only follows the checked decisions), and logs what became of it.
+
 A wheel that bundles the extension (``fa2patch package``) also makes vLLM's
 ``from . import _vllm_fa2_C`` import the bundled one, and refuses (logs why, changes nothing)
 under a torch other than the one it was built against. A plugin-only wheel (``fa2patch package
@@ -113,6 +117,24 @@ def lift_interface_gate(interface) -> None:
 
     setattr(_is_fa2_supported, MARK, True)
     interface._is_fa2_supported = _is_fa2_supported
+    if fa2patch_ops_loaded():
+        install_routing_profile()
+
+
+def install_routing_profile() -> None:
+    """FA2PATCH_ROUTING_PROFILE, read and handed to the loaded extension (once the interface has
+    loaded it); a refused profile is logged here and by the extension, and the built-in rule applies."""
+    from . import routing_profile
+
+    result = routing_profile.install()
+    if result["status"] == "installed":
+        logger.info("fa2patch-vllm: routing profile %s installed (%d decisions)", result["path"], result["decisions"])
+    elif result["status"] == "refused":
+        logger.warning(
+            "fa2patch-vllm: routing profile %s refused: %s. The built-in routing rule applies.",
+            result["path"],
+            result["reason"],
+        )
 
 
 def lift_backend_gate(backend) -> None:

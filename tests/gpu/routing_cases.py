@@ -9,8 +9,9 @@ max_seqlen_k, scale), ``vllm_cache`` (paged k/v as views of vLLM's KV cache, row
 ``sms``: the SM count routing's split-KV rule uses (routing_sms: "no_split", the default,
 "split", "device" or a number); ``prefill_splits`` (the router's split-KV test hook, 0: off);
 ``profile``: {"decisions": [...], "corrupt": null or a name of CORRUPTIONS} -- a routing profile
-for this device and this artifact (its sha256), written to a temporary file (corrupted as named)
-and set in FA2PATCH_ROUTING_PROFILE before any op runs; ``decide``: a list of keyword arguments
+for this device and this artifact (its sha256), written to a temporary file (corrupted as named),
+set in FA2PATCH_ROUTING_PROFILE and installed with fa2patch_vllm.routing_profile.install() (as the
+vLLM plugin does; not for the corruption "not_installed") before any op runs; ``decide``: a list of keyword arguments
 of _routing_decide_for_testing, whose decisions the "route" and "decide" scenarios report. Run
 with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
 
@@ -48,10 +49,11 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1] / "tools")]
+sys.path[:0] = [str(HERE), str(HERE.parents[1] / "tools"), str(HERE.parents[1] / "packaging")]
 
 import prefill_cases  # noqa: E402
 import sm70_cases  # noqa: E402
+from fa2patch_vllm import routing_profile  # noqa: E402
 
 ENV = "VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL"
 
@@ -229,6 +231,7 @@ CORRUPTIONS = {
     "other_sha256": _edit(lambda d: d.update(extension_sha256="0" * 64)),
     "unreadable": None,  # the path names no file
     "directory": None,  # the path names a folder
+    "not_installed": None,  # a good file in FA2PATCH_ROUTING_PROFILE that nothing installed
 }
 
 
@@ -254,7 +257,8 @@ def write_profile(artifact: str, profile: dict, folder: Path) -> tuple[str, dict
     if corrupt == "directory":
         return str(folder), original
     path = folder / "profile.json"
-    path.write_text(CORRUPTIONS[corrupt](doc) if corrupt else json.dumps(doc))
+    spoil = CORRUPTIONS[corrupt] if corrupt else None
+    path.write_text(spoil(doc) if spoil else json.dumps(doc))
     return str(path), original
 
 
@@ -406,6 +410,8 @@ def main(argv) -> int:
     if "profile" in raw:  # before any op reads the setting (once per process)
         path, profile = write_profile(argv[1], raw["profile"], Path(folder.name))
         os.environ["FA2PATCH_ROUTING_PROFILE"] = path
+        if raw["profile"].get("corrupt") != "not_installed":
+            routing_profile.install()  # as the vLLM plugin does once the extension is loaded
     ops._routing_sms_for_testing(int(routing_sms(raw.get("sms", "no_split"))))
     ops._routing_prefill_splits_for_testing(int(raw.get("prefill_splits", 0)))
     t0 = time.perf_counter()

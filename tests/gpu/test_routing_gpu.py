@@ -447,18 +447,24 @@ def test_profile_long_prefill_decision_during_graph_capture_is_ignored(gpu_build
 
 # Refused profiles: (corruption, substrings the reason must hold; "{name}", "{sms}", "{sha}", "{cap}"
 # stand for the device's and the artifact's values).
+# The file's own faults are found by fa2patch_vllm.routing_profile (Python), the device's by the
+# extension at the device's first SM70 call; "not_installed": the variable set, nothing installed.
 REFUSALS = [
-    ("bad_json", ["invalid JSON"]),
-    ("wrong_format", ["fa2patch-routing-profile/2", "fa2patch-routing-profile/1"]),
-    ("unknown_key", ['unknown key "decision"']),
-    ("bad_range", ["decisions[0].q", "[2048,1024]"]),
-    ("unknown_route", ['"sm70-fast"']),
-    ("other_device_name", ['"{name} (another card)"', '"{name}"']),
-    ("other_sm_count", ["device.sms is {sms_plus_1}", "this device has {sms}"]),
-    ("other_capability", ["device.capability is [{major}, {minor_plus_1}]", "this device has [{major}, {minor}]"]),
-    ("other_sha256", ["0" * 64, "{sha}"]),
-    ("unreadable", ["cannot read the file", "No such file"]),
-    ("directory", ["cannot read the file"]),
+    ("bad_json", ["invalid_json: ", "not valid JSON"]),
+    ("wrong_format", ["wrong_format: ", "fa2patch-routing-profile/1", "fa2patch-routing-profile/2"]),
+    ("unknown_key", ["unknown_key: ", "unknown key(s) decision"]),
+    ("bad_range", ["bad_field: ", "decisions[0].q", "[2048, 1024]"]),
+    ("unknown_route", ["unknown_route: ", "'sm70-fast'"]),
+    ("other_device_name", ["device_mismatch: ", '"{name} (another card)"', '"{name}"']),
+    ("other_sm_count", ["device_mismatch: device.sms is {sms_plus_1}", "this device has {sms}"]),
+    (
+        "other_capability",
+        ["device_mismatch: device.capability is [{major}, {minor_plus_1}]", "this device has [{major}, {minor}]"],
+    ),
+    ("other_sha256", ["extension_mismatch: ", "0" * 64, "{sha}"]),
+    ("unreadable", ["unreadable: ", "No such file"]),
+    ("directory", ["unreadable: ", "Is a directory"]),
+    ("not_installed", ["not_installed: FA2PATCH_ROUTING_PROFILE is set", "routing_profile.install()"]),
 ]
 
 

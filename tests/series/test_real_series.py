@@ -68,9 +68,9 @@ def test_verify_passes_and_matches_both_schemas(built_sm70, real_project):
         "route_stats",
         "_routing_prefill_splits_for_testing",
         "_routing_decide_for_testing",
-        "_profile_check_for_testing",
-        "_json_parse_for_testing",
-        "_sha256_file_for_testing",
+        "set_routing_profile",
+        "refuse_routing_profile",
+        "extension_path",
     ):
         assert rows[name]["ok"], rows.get(name)
 

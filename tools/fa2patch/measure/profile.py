@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Routing profiles (format 1; README "Tuning routing for your card"):
-the decisions `fa2patch tune` derives from its measurements, and the Python validator of a
-profile file (``tune --check``, tests). The extension reads the same files (patch 0004).
+the decisions `fa2patch tune` derives from its measurements. Profile files are read and validated
+by one reader, packaging/fa2patch_vllm/routing_profile.py, which the plugin ships and which hands the
+checked decisions to the extension (patch 0004); ``tune --check`` and tune itself use it too.
 
 Deciding (``winner``): at each measured point every route ran in interleaved rounds (one call of
 each route per round, so a clock or temperature drift hits all routes alike). For a route R and
@@ -17,30 +18,20 @@ A Q point's range is the Q values that give the exact route the same number of r
 ceil(Q / rows_per_cta): what decides how its waves fill, and so which route wins.
 """
 
-import json
+import functools
+import importlib.util
 import math
-import re
 import statistics
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from fa2patch.common.errors import CheckFailed
-from fa2patch.common.routes import EXACT, GQA, SPLITKV
-
-FORMAT = "fa2patch-routing-profile/1"
-ROUTES = (EXACT, GQA)  # the names a decision may carry (build_info()'s route names)
-TOP_LEVEL = {"format", "device", "extension_sha256", "software", "clocks_seen", "measured", "decisions"}
-REQUIRED = ("format", "device", "extension_sha256", "decisions")
-DEVICE_KEYS = ("name", "sms", "capability")
-DECISION_KEYS = {"group", "head_dim", "q", "kv", "route", "splits"}
-MAX_SPLITS = 16
-# The extension's reader's bounds (patch 0004, profile.cpp): the same file gets the same answer.
-MAX_HEAD_DIM, MAX_GROUP, MAX_SMS, MAX_RANGE_END = 256, 1 << 16, 1 << 20, 1 << 62
+from fa2patch.common.errors import CheckFailed, EnvironmentProblem
+from fa2patch.common.routes import EXACT, SPLITKV
 
 
 class ProfileRefused(CheckFailed):
-    """A profile the router must refuse; ``reason`` is one of: unreadable, invalid_json,
-    wrong_format, unknown_key, bad_field, unknown_route, device_mismatch, extension_mismatch."""
+    """A profile the reader refuses (exit 1); ``reason`` is the reader's (routing_profile.py)."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(f"{reason}: {message}")
@@ -123,125 +114,36 @@ def decisions(measured: list[dict], rows_per_cta: int, max_model_len: int) -> li
     return out
 
 
-# --- validating ----------------------------------------------------------------------------------
+# --- validating: the plugin's reader, the one reader of profile files ---------------------------
 
 
-def load(path: Path) -> dict:
-    """The profile's JSON object, or ProfileRefused (unreadable, invalid_json)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileRefused("unreadable", f"{path}: cannot read it: {exc}") from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ProfileRefused("invalid_json", f"{path}: not valid JSON: {exc}") from None
+@functools.cache
+def reader() -> ModuleType:
+    """packaging/fa2patch_vllm/routing_profile.py, loaded from its file: the reader the plugin ships
+    (standard library only; importing the fa2patch_vllm package would import torch)."""
+    path = Path(__file__).resolve().parents[3] / "packaging" / "fa2patch_vllm" / "routing_profile.py"
+    spec = importlib.util.spec_from_file_location("fa2patch_routing_profile", path)
+    if spec is None or spec.loader is None:
+        raise EnvironmentProblem(f"{path}: cannot load the routing-profile reader")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def validate(doc, where: str = "profile", device: dict | None = None, sha256: str | None = None) -> dict:
-    """Raise ProfileRefused on the first problem the spec refuses a profile for; with ``device``
-    ({name, sms, capability}) and ``sha256`` (of the extension that would use it) also on another
-    device or extension. Returns the document."""
-    if not isinstance(doc, dict):
-        raise ProfileRefused("bad_field", f"{where}: expected a JSON object, got {type(doc).__name__}")
-    if doc.get("format") != FORMAT:
-        raise ProfileRefused("wrong_format", f"{where}: format: expected {FORMAT!r}, actual {doc.get('format')!r}")
-    unknown = sorted(set(doc) - TOP_LEVEL)
-    if unknown:
-        raise ProfileRefused(
-            "unknown_key", f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(TOP_LEVEL))})"
-        )
-    missing = [k for k in REQUIRED if k not in doc]
-    if missing:
-        raise ProfileRefused("bad_field", f"{where}: missing {', '.join(missing)}")
-    _device(doc["device"], where)
-    sha = doc["extension_sha256"]
-    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise ProfileRefused(
-            "bad_field", f"{where}: extension_sha256: expected 64 lowercase hex digits, actual {sha!r}"
-        )
-    for key, kind in (("software", dict), ("clocks_seen", dict), ("measured", list)):
-        if key in doc and not isinstance(doc[key], kind):
-            raise ProfileRefused(
-                "bad_field",
-                f"{where}: {key}: expected a JSON {'object' if kind is dict else 'array'}"
-                f", actual {type(doc[key]).__name__}",
-            )
-    if not isinstance(doc["decisions"], list):
-        raise ProfileRefused("bad_field", f"{where}: decisions: expected an array")
-    for i, d in enumerate(doc["decisions"]):
-        _decision(d, f"{where}: decisions[{i}]")
-    if device is not None:
-        dev = doc["device"]
-        for key in DEVICE_KEYS:
-            if dev[key] != device[key]:
-                raise ProfileRefused(
-                    "device_mismatch",
-                    f"{where}: device {key}: expected {device[key]!r} (this GPU), actual {dev[key]!r} (the profile)",
-                )
-    if sha256 is not None and sha != sha256:
-        raise ProfileRefused(
-            "extension_mismatch",
-            f"{where}: extension_sha256: expected {sha256} (the loaded extension), actual {sha} (the profile)",
-        )
-    return doc
-
-
-def _int(value, low: int, high: int | None = None) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
-
-
-def _device(dev, where: str) -> None:
-    if not isinstance(dev, dict):
-        raise ProfileRefused("bad_field", f"{where}: device: expected an object")
-    unknown = sorted(set(dev) - set(DEVICE_KEYS))
-    if unknown:
-        raise ProfileRefused("unknown_key", f"{where}: device: unknown key(s) {', '.join(unknown)}")
-    if not isinstance(dev.get("name"), str) or not dev["name"]:
-        raise ProfileRefused(
-            "bad_field", f"{where}: device.name: expected a non-empty string, actual {dev.get('name')!r}"
-        )
-    if not _int(dev.get("sms"), 1, MAX_SMS):
-        raise ProfileRefused(
-            "bad_field", f"{where}: device.sms: expected an integer 1..{MAX_SMS}, actual {dev.get('sms')!r}"
-        )
-    cap = dev.get("capability")
-    if not (isinstance(cap, list) and len(cap) == 2 and all(_int(c, 0) for c in cap)):
-        raise ProfileRefused("bad_field", f"{where}: device.capability: expected [major, minor], actual {cap!r}")
-
-
-def _decision(d, where: str) -> None:
-    if not isinstance(d, dict):
-        raise ProfileRefused("bad_field", f"{where}: expected an object")
-    unknown = sorted(set(d) - DECISION_KEYS)
-    if unknown:
-        raise ProfileRefused("unknown_key", f"{where}: unknown key(s) {', '.join(unknown)}")
-    for key, high in (("group", MAX_GROUP), ("head_dim", MAX_HEAD_DIM)):
-        if not _int(d.get(key), 1, high):
-            raise ProfileRefused("bad_field", f"{where}.{key}: expected an integer 1..{high}, actual {d.get(key)!r}")
-    for key in ("q", "kv"):
-        r = d.get(key)
-        if not (isinstance(r, list) and len(r) == 2 and all(_int(x, 0, MAX_RANGE_END) for x in r) and r[0] < r[1]):
-            raise ProfileRefused(
-                "bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi <= 2^62, actual {r!r}"
-            )
-    route = d.get("route")
-    if not isinstance(route, str):
-        raise ProfileRefused("bad_field", f"{where}.route: expected a string, actual {route!r}")
-    if route not in ROUTES:
-        raise ProfileRefused("unknown_route", f"{where}.route: {route!r} is not one of {', '.join(ROUTES)}")
-    if "splits" in d:
-        if route != EXACT:
-            raise ProfileRefused("bad_field", f"{where}.splits: allowed only with route {EXACT!r}, not {route!r}")
-        if not _int(d["splits"], 1, MAX_SPLITS):
-            raise ProfileRefused(
-                "bad_field", f"{where}.splits: expected an integer 1..{MAX_SPLITS}, actual {d['splits']!r}"
-            )
+    """The reader's validate; a refusal is ProfileRefused (a CheckFailed, exit 1) with its reason."""
+    try:
+        return reader().validate(doc, where, device, sha256)
+    except reader().ProfileRefused as exc:
+        raise ProfileRefused(exc.reason, str(exc).removeprefix(exc.reason + ": ")) from None
 
 
 def check_file(path: Path, device: dict | None = None, sha256: str | None = None) -> dict:
     """Load and validate a profile file; ProfileRefused naming the file and the reason."""
-    return validate(load(path), str(path), device, sha256)
+    try:
+        return reader().check_file(path, device, sha256)
+    except reader().ProfileRefused as exc:
+        raise ProfileRefused(exc.reason, str(exc).removeprefix(exc.reason + ": ")) from None
 
 
 def summary(doc: dict) -> str:

@@ -192,7 +192,7 @@ def build_profile(plan: Plan, start: dict, rows: list[dict]) -> dict:
         software["notes"] = LAB_NOTE.format(name=dev["name"], cap=f"sm_{dev['capability'][0]}{dev['capability'][1]}")
     clocks = gpu_clocks.merge([p.get("clocks") for p in _points_of(rows)])
     doc = {
-        "format": profile.FORMAT,
+        "format": profile.reader().FORMAT,
         "device": dev,
         "extension_sha256": start["extension"]["sha256"],
         "software": software,
