@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Add / refresh the SASS-timed fields of tools/fa2patch/data/anchors.toml for the kernels compiled
-from the anchors' open source (their SASS in the scratch folder: /work/scratch/{splitd,prefill};
+from the anchors' open source (their SASS in the scratch folder, $FA2PATCH_SCRATCH or work/scratch;
 how they were compiled: each kernel's mix_source): [kernel.loop] critical_cycles / critical_warps
 and a [kernel.outside] table (calibration.sass_record, phases.py). Run after a change to phases.py
 or to the latencies in v100.toml:
@@ -12,15 +12,15 @@ import re
 from pathlib import Path
 
 from fa2patch.build import sass
+from fa2patch.common.project import scratch_dir
+from fa2patch.model.calibration import kernel_sass
 from fa2patch.model.sass_mix import sass_record
-from fa2patch.model.v100model import load_v100
+from fa2patch.model.v100model import load_data, load_v100
 
 v = load_v100()
-SCR = {
-    "split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),
-    "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
-    "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
-    "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined"),
+SCRATCH = scratch_dir(Path.cwd())  # $FA2PATCH_SCRATCH, else work/scratch
+SCR = {  # the anchor kernels compiled from open source: (their SASS, the part of the function name)
+    k["name"]: kernel_sass(k, SCRATCH) for k in load_data("anchors.toml")["kernel"] if "sass" in k["mix_source"]
 }
 LOOP_NOTE = "   # one CTA's iteration, its warps in phase (phases.lockstep_cycles)"
 OUTSIDE_NOTE = "                    # the code outside the hot loop, timed once per CTA (phases.once_cycles)"
@@ -31,9 +31,9 @@ TARGETS = (
 )
 
 
-def retimed(part: str, path: str, pat: str) -> str:
+def retimed(part: str, path: Path, pat: str) -> str:
     """One [[kernel]] table with its SASS-timed fields written anew."""
-    f = next(f for f in sass.parse_sass(Path(path).read_text()) if pat in f.name)
+    f = next(f for f in sass.parse_sass(path.read_text()) if pat in f.name)
     r = sass_record(f, 8, v)
     text = re.sub(r"(?m)^critical_(cycles|warps) = .*\n", "", part)
     text = re.sub(r"(?ms)^\[kernel\.outside\].*?(?=^\[|\Z)", "", text)

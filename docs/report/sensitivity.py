@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Sensitivity of the anchors' fit and of a few estimates to model parameters (docs/report-model.md,
 "What the anchors do and do not pin"). Needs the sm_70 build (build/sm_70) and the anchors' SASS in
-the scratch folder (/work/scratch/{splitd,prefill}). One JSON line per variant:
+the scratch folder ($FA2PATCH_SCRATCH, else work/scratch). One JSON line per variant:
 
     PYTHONPATH=tools python docs/report/sensitivity.py > sensitivity.jsonl
 """
@@ -14,17 +14,17 @@ from pathlib import Path
 from fa2patch.build import sass
 from fa2patch.build.extension import launches_of
 from fa2patch.common import routes
+from fa2patch.common.project import scratch_dir
 from fa2patch.common.shapes import parse_shapes
 from fa2patch.model import calibration as c, phases, report, sass_mix, v100model as m
+from fa2patch.model.calibration import kernel_sass
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
-SCR = {
-    "split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),
-    "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
-    "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
-    "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined"),
+SCRATCH = scratch_dir(Path.cwd())  # $FA2PATCH_SCRATCH, else work/scratch
+SCR = {  # the anchor kernels compiled from open source: (their SASS, the part of the function name)
+    k["name"]: kernel_sass(k, SCRATCH) for k in m.load_data("anchors.toml")["kernel"] if "sass" in k["mix_source"]
 }
-FUNCS = {k: next(f for f in sass.parse_sass(Path(p).read_text()) if part in f.name) for k, (p, part) in SCR.items()}
+FUNCS = {k: next(f for f in sass.parse_sass(p.read_text()) if part in f.name) for k, (p, part) in SCR.items()}
 SHAPES = parse_shapes(
     "q=8192,kv=8192,hq=6,hkv=1,d=256;q=8000,kv=128000,hq=6,hkv=1,d=256,scale=0.0625;"
     "q=1,kv=32768,hq=32,hkv=8,d=128;q=1,kv=32768,hq=32,hkv=8,d=128,b=64"

@@ -9,6 +9,7 @@ import pytest
 from fa2patch.model import calibration as c, loop_mix, sass_mix, v100model as m
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import Calibration, Card, KernelLaunch
+from helpers import REPO
 
 V100 = m.load_v100()
 LATENCY = V100["dependent_ldg_l2_hit_cycles"]
@@ -330,27 +331,22 @@ def test_prefill_anchor_launches_and_measured_time():
     assert c.measured(anchor) == (pytest.approx(30.27579 - 4.83), "ms")
 
 
-SCRATCH = {
-    "split-D D=256": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb0"),  # PagedKV = false
-    "split-D D=256 paged": ("/work/scratch/splitd/splitd_fastmath.sass", "Lb1"),
-    "prefill QK": ("/work/scratch/prefill/prefill_fastmath.sass", "GemmWithEpilogueVisitor"),
-    "prefill PV": ("/work/scratch/prefill/prefill_fastmath.sass", "MmaPipelined"),
-}
+ANCHOR_KERNELS = ("split-D D=256", "split-D D=256 paged", "prefill QK", "prefill PV")  # compiled from open source
 
 
-@pytest.mark.parametrize("name", sorted(SCRATCH))
+@pytest.mark.parametrize("name", ANCHOR_KERNELS)
 def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
-    """The anchors' SASS is compiled in a scratch folder, never committed (anchors.toml: ``sass``);
-    where it is at hand, the recorded loop and outside code must be what the pipeline reads now."""
-    from pathlib import Path
-
+    """The anchors' SASS is compiled in the scratch folder, never committed (anchors.toml: mix_source's
+    ``sass``; $FA2PATCH_SCRATCH, else work/scratch); where it is at hand, the recorded loop and outside
+    code must be what the pipeline reads now."""
     from fa2patch.build import sass
+    from fa2patch.common.project import scratch_dir
 
-    path, part = SCRATCH[name]
-    if not Path(path).exists():
-        pytest.skip(f"{path}: the anchor kernel's SASS is not at hand")
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
-    function = next(f for f in sass.parse_sass(Path(path).read_text()) if part in f.name)
+    path, part = c.kernel_sass(kernel, scratch_dir(REPO))
+    if not path.exists():
+        pytest.skip(f"{path}: the anchor kernel's SASS is not at hand")
+    function = next(f for f in sass.parse_sass(path.read_text()) if part in f.name)
     record = sass_mix.sass_record(function, kernel["warps"], V100)
     assert {k: kernel["loop"][k] for k in ("critical_cycles", "critical_warps")} == {
         k: record["loop"][k] for k in ("critical_cycles", "critical_warps")

@@ -10,6 +10,14 @@ from fa2patch.common.errors import EnvironmentProblem
 LOCK_NAME = "baseline.lock"
 
 
+def scratch_dir(root: Path | None = None) -> Path:
+    """Where third-party kernels are compiled for their SASS (never committed; docs/anchor-sources.md):
+    $FA2PATCH_SCRATCH, else work/scratch in the project (ignored by git)."""
+    if os.environ.get("FA2PATCH_SCRATCH"):
+        return Path(os.environ["FA2PATCH_SCRATCH"])
+    return (root or Project.find().root) / "work" / "scratch"
+
+
 def user_cache_dir() -> Path:
     """The archive cache: $FA2PATCH_CACHE, else $XDG_CACHE_HOME/fa2patch, else ~/.cache/fa2patch."""
     if os.environ.get("FA2PATCH_CACHE"):

@@ -20,6 +20,7 @@ do not overlap.
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from fa2patch.model.loop_mix import mix_from_data
 from fa2patch.model.v100model import (
@@ -54,6 +55,14 @@ def kernel_code(kernel: dict) -> dict:
         "epilogue": mix_from_data(kernel.get("epilogue", {})),
         "prologue_load_rounds": kernel.get("prologue_load_rounds", 1),
     }
+
+
+def kernel_sass(kernel: dict, scratch: Path) -> tuple[Path, str]:
+    """Where an anchor kernel's SASS was written when it was compiled (its mix_source's ``sass``: a
+    file in the scratch folder, common.project.scratch_dir) and the part of the function name that
+    picks its function there."""
+    where = kernel["mix_source"]["sass"]
+    return scratch / where["file"], where["function"]
 
 
 def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:

@@ -23,9 +23,9 @@ TRITON_PIN = (
     "vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
     "Requires-Dist: triton~=3.8.0; newest 3.8.x on the index: 3.8.0"
 )
-ENVIRONMENT = "python3 -m venv /work/scratch/peer-venv && /work/scratch/peer-venv/bin/pip install 'triton~=3.8.0'"
+ENVIRONMENT = "python3 -m venv $FA2PATCH_SCRATCH/peer-venv && $FA2PATCH_SCRATCH/peer-venv/bin/pip install 'triton~=3.8.0'"
 COMMAND = (
-    "PYTHONPATH=tools python -m fa2patch.peers.extract --python /work/scratch/peer-venv/bin/python "
+    "PYTHONPATH=tools python -m fa2patch.peers.extract --python $FA2PATCH_SCRATCH/peer-venv/bin/python "
     "--out tools/fa2patch/data/peer_vllm_triton.toml"
 )
 

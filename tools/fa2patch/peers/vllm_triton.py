@@ -13,7 +13,7 @@ Two halves:
   same pipeline as our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
   ``sass_mix.outside_mix``) and writes data/peer_vllm_triton.toml. Command:
 
-      python -m fa2patch.peers.extract --python /work/scratch/peer-venv/bin/python \\
+      python -m fa2patch.peers.extract --python $FA2PATCH_SCRATCH/peer-venv/bin/python \\
           --out tools/fa2patch/data/peer_vllm_triton.toml
 
   (``--vllm-src DIR`` for an extracted vllm-0.33.0/ tree; without it the pinned sdist is
