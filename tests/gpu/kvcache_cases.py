@@ -39,7 +39,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from fa2patch.common import numerics
-from sm70_cases import _first_line, error_of, fa2_mask, harness_main, run_mode, run_op_only, run_script, with_defaults
+from sm70_cases import (
+    _first_line,
+    error_of,
+    fa2_mask,
+    harness_main,
+    run_mode,
+    run_op_only,
+    run_script,
+    track_worst,
+    verdict,
+    with_defaults,
+)
 
 DEFAULTS = {
     "cache": None,
@@ -279,7 +290,7 @@ def run_numerics(op, spec, x) -> dict:
         result["deterministic"] = bool(same)
 
     mask = fa2_mask(spec, spec["seqlen_q"], x["span"])
-    worst = {"max_abs": 0.0, "ratio": 0.0, "bar": None, "rel_l2_worst_seq": 0.0, "lse_max_err": 0.0}
+    worst, lse_max_err = None, 0.0
     ok, num, den = True, 0.0, 0.0
     for b, (q, keys, values) in enumerate(seqs):
         kw = {
@@ -292,34 +303,20 @@ def run_numerics(op, spec, x) -> dict:
         ref16, _ = attention_ref(q, keys, values, x["scale"], compute_dtype=torch.float16, **kw)
         c = compare(out[b], ref, ref16)
         ok &= c["ok"]
-        ratio = c["max_abs"] / c["bar"] if math.isfinite(c["max_abs"]) else math.inf
-        if worst["bar"] is None or not ratio <= worst["ratio"]:
-            worst["ratio"], worst["bar"] = ratio, c["bar"]
-        worst["max_abs"] = max(worst["max_abs"], c["max_abs"])
-        worst["rel_l2_worst_seq"] = max(worst["rel_l2_worst_seq"], c["rel_l2"])
+        worst = track_worst(worst, c)
         num += torch.linalg.vector_norm(torch.nan_to_num(out[b].float() - ref, nan=math.inf)).item() ** 2
         den += torch.linalg.vector_norm(ref).item() ** 2
         got = lse[b].reshape(lse_ref.shape)
         inf_ok = bool((got[torch.isposinf(lse_ref)] == math.inf).all())
         fin = ~torch.isposinf(lse_ref)
         e = torch.nan_to_num((got[fin] - lse_ref[fin]).abs(), nan=math.inf)
-        worst["lse_max_err"] = max(
-            worst["lse_max_err"], e.max().item() if e.numel() else 0.0, 0.0 if inf_ok else math.inf
-        )
-    result.update(worst)
+        lse_max_err = max(lse_max_err, e.max().item() if e.numel() else 0.0, 0.0 if inf_ok else math.inf)
+    result.update(track_worst(worst, None))
+    result["lse_max_err"] = lse_max_err
+    result["lse_ok"] = lse_max_err <= numerics.LSE_ABS_MAX
     result["rel_l2"] = math.sqrt(num) / max(math.sqrt(den), 1e-30)
     result["finite"] = bool(torch.isfinite(out.float()).all())
-    result["ok"] = bool(
-        ok
-        and result["finite"]
-        and result["rel_l2"] <= numerics.REL_L2_MAX
-        and worst["lse_max_err"] <= numerics.LSE_ABS_MAX
-        and result["guard_ok"]
-        and result["returns_out"]
-        and result["inputs_unchanged"]
-        and result["cache_ok"]
-        and result.get("deterministic", True)
-    )
+    result["ok"] = verdict(result, ok, "cache_ok")
     return result
 
 
