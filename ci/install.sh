@@ -32,6 +32,4 @@ fi
 
 # fatbinary only: the CUDA 12 wheels lack it, CUDA 13's accepts sm_70 images.
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "$(pin fatbinary_wheel)"
-# torch 2.14.0 (vLLM 0.33's pin) in .venv-torch214/: the gate's check-only build against it.
-bash ci/install-torch214.sh
 echo "[install] ok: $(.venv/bin/fa2patch --version)"

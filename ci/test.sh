@@ -6,5 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
+# torch 2.14.0 (vLLM 0.33's pin) in .venv-torch214/: the compatibility build and vLLM 0.33's tests.
+bash ci/install-torch214.sh
 export FA2PATCH_REQUIRE_TOOLCHAIN=1
 exec .venv/bin/python -m pytest -q -rs "$@"

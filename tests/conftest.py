@@ -72,23 +72,26 @@ def clang_cuda(tmp_path_factory):
     return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
 
 
-@pytest.fixture(scope="session")
-def real_project(tmp_path_factory) -> MiniProject:
+def project_copy(tmp_path_factory, name: str) -> MiniProject:
     """A copy of this repository's lock, patches, schemas, budgets, packaging and licence files in a
-    temporary project.
-
-    Uses the user's archive cache (fetching the real baseline into it if needed)."""
+    temporary project. Uses the user's archive cache (fetching the real baseline into it if needed)."""
     import shutil
 
-    root = tmp_path_factory.mktemp("real") / "proj"
-    root.mkdir()
-    for name in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
-        shutil.copy(REPO / name, root / name)
-    for name in ("patches", "schemas", "packaging"):
-        shutil.copytree(REPO / name, root / name)
     from fa2patch.common.project import user_cache_dir
 
+    root = tmp_path_factory.mktemp(name) / "proj"
+    root.mkdir()
+    for file in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
+        shutil.copy(REPO / file, root / file)
+    for folder in ("patches", "schemas", "packaging"):
+        shutil.copytree(REPO / folder, root / folder)
     return MiniProject(root, user_cache_dir(), user_cache_dir() / "archives")
+
+
+@pytest.fixture(scope="session")
+def real_project(tmp_path_factory) -> MiniProject:
+    """This repository's series in a temporary project (project_copy)."""
+    return project_copy(tmp_path_factory, "real")
 
 
 @pytest.fixture(scope="session")
