@@ -62,9 +62,11 @@ CUTLASS_COMMENT = (
 
 
 def fa2_tree(path: Path) -> Path:
-    """A stand-in for the replayed FA2 tree: FA2's LICENSE and a cutlass.h that opens with its licence."""
+    """A stand-in for the replayed FA2 tree: FA2's LICENSE and AUTHORS and a cutlass.h that opens with
+    its licence."""
     (path / "csrc" / "cutlass" / "include" / "cutlass").mkdir(parents=True)
     (path / "LICENSE").write_bytes(b"BSD 3-Clause License\n\nCopyright (c) 2022, Tri Dao.\n")
+    (path / "AUTHORS").write_bytes(b"Tri Dao, trid@cs.stanford.edu\n")
     header = CUTLASS_COMMENT + b"\n/*! \\file */\n#pragma once\n"
     (path / "csrc" / "cutlass" / "include" / "cutlass" / "cutlass.h").write_bytes(header)
     return path
@@ -80,8 +82,8 @@ def test_plugin_wheel_carries_our_licence_and_notice(project, tmp_path):
 
 
 def test_extension_wheel_licences_include_fa2_and_cutlass(project, tmp_path):
-    """What wheel() gives write_wheel: ours and the FA2 tree's two, under flash-attn/ by their
-    paths in the tree (CUTLASS's: the opening comment of cutlass.h, as cutlass.h.license)."""
+    """What wheel() gives write_wheel: ours and the FA2 tree's (its LICENSE with the AUTHORS file that
+    LICENSE names, and CUTLASS's), under flash-attn/ by their paths in the tree (CUTLASS's: the opening comment of cutlass.h, as cutlass.h.license)."""
     tree = fa2_tree(tmp_path / "flash-attn")
     licenses = {**package.own_licenses(project), **package.tree_licenses(tree)}
     wheel = package.write_wheel(tmp_path / "out", "0.1.0+torch2.9.1", "cp39-abi3-linux_x86_64", {}, "x", licenses)
@@ -90,6 +92,7 @@ def test_extension_wheel_licences_include_fa2_and_cutlass(project, tmp_path):
         "LICENSE": (REPO / "LICENSE").read_bytes(),
         "NOTICE": (REPO / "NOTICE").read_bytes(),
         "flash-attn/LICENSE": (tree / "LICENSE").read_bytes(),
+        "flash-attn/AUTHORS": (tree / "AUTHORS").read_bytes(),
         "flash-attn/csrc/cutlass/include/cutlass/cutlass.h.license": CUTLASS_COMMENT,
     }
 
@@ -101,6 +104,10 @@ def test_missing_licence_files_are_refused(project, tmp_path):
     tree = fa2_tree(tmp_path / "flash-attn")
     (tree / "LICENSE").unlink()
     with pytest.raises(EnvironmentProblem, match=r"no LICENSE \(is it the replayed FA2 tree\?\)"):
+        package.tree_licenses(tree)
+    (tree / "LICENSE").write_bytes(b"BSD 3-Clause License\n")
+    (tree / "AUTHORS").unlink()
+    with pytest.raises(EnvironmentProblem, match=r"no AUTHORS \(is it the replayed FA2 tree\?\)"):
         package.tree_licenses(tree)
     (tree / "csrc" / "cutlass" / "include" / "cutlass" / "cutlass.h").write_bytes(b"#pragma once\n")
     with pytest.raises(EnvironmentProblem, match=r"cutlass\.h: does not open with a comment holding its BSD-3"):

@@ -140,6 +140,7 @@ def test_wheel_record_contents_and_tags(wheel, built, real_workspace):
             "LICENSE": (REPO / "LICENSE").read_bytes(),
             "NOTICE": (REPO / "NOTICE").read_bytes(),
             "flash-attn/LICENSE": (real_workspace / "LICENSE").read_bytes(),
+            "flash-attn/AUTHORS": (real_workspace / "AUTHORS").read_bytes(),
             "flash-attn/csrc/cutlass/include/cutlass/cutlass.h.license": header[: header.index(b"*/\n") + 3],
         }
         assert (

@@ -49,6 +49,7 @@ LICENSES = ("LICENSE", "NOTICE")  # fa2patch's, at the project root: in every wh
 # states it (the FA2 sdist ships csrc/cutlass without CUTLASS's LICENSE.txt): the comment that opens
 # cutlass.h, stored as a REUSE-style <file>.license next to the path it comes from.
 FA2_LICENSE = "LICENSE"
+FA2_AUTHORS = "AUTHORS"  # FA2's LICENSE assigns copyright to the contributors "as shown by the AUTHORS file"
 CUTLASS_LICENSED_HEADER = "csrc/cutlass/include/cutlass/cutlass.h"
 # Besides the build's include folders: the build description and FA2's licence.
 TREE_EXTRAS = ("fa2patch-build.toml", "LICENSE", "AUTHORS")
@@ -123,13 +124,14 @@ def own_licenses(project: Project) -> dict[str, bytes]:
 
 def tree_licenses(workspace: Path) -> dict[str, bytes]:
     """The licences of the code the extension is compiled from, from the replayed FA2 tree, under
-    flash-attn/ by their paths in it: FA2's LICENSE, and CUTLASS's (``license_comment`` of
-    cutlass.h) as cutlass.h.license."""
-    missing = [p for p in (FA2_LICENSE, CUTLASS_LICENSED_HEADER) if not (workspace / p).is_file()]
+    flash-attn/ by their paths in it: FA2's LICENSE with the AUTHORS file it names, and CUTLASS's
+    (``license_comment`` of cutlass.h) as cutlass.h.license."""
+    missing = [p for p in (FA2_LICENSE, FA2_AUTHORS, CUTLASS_LICENSED_HEADER) if not (workspace / p).is_file()]
     if missing:
         raise EnvironmentProblem(f"{workspace}: no {', '.join(missing)} (is it the replayed FA2 tree?)")
     return {
         f"flash-attn/{FA2_LICENSE}": (workspace / FA2_LICENSE).read_bytes(),
+        f"flash-attn/{FA2_AUTHORS}": (workspace / FA2_AUTHORS).read_bytes(),
         f"flash-attn/{CUTLASS_LICENSED_HEADER}.license": license_comment(workspace / CUTLASS_LICENSED_HEADER),
     }
 
