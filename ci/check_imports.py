@@ -37,11 +37,11 @@ BASE_IMPORTS = {
 # Modules whose purpose is torch, with the reason; and entry points, which run when imported.
 NEEDS_TORCH = {
     "measure.reference": "the FP32 attention reference that smoke, bench and tests/gpu run on the GPU",
-    "build.torch_query": "a script run inside the interpreter whose torch it reports (build --python, doctor --vllm)",
+    "compile.torch_query": "a script run inside the interpreter whose torch it reports (build --python, doctor --vllm)",
 }
 ENTRY_POINTS = {"__main__"}
 # fa2patch's stages, lowest first: each imports only its own stage and those before it.
-STAGES = ("common", "series", "build", "vllm", "model", "peers", "measure", "cli", "lab")
+STAGES = ("common", "series", "compile", "vllm", "model", "peers", "measure", "cli", "lab")
 
 CHILD = r"""
 import importlib, json, pkgutil, sys, traceback

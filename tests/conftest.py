@@ -64,7 +64,7 @@ files = {len(MINI_FILES)}
 def clang_cuda(tmp_path_factory):
     """clang++ and a CUDA path assembled from the pinned wheels, for compiling small kernels
     (test_toolchain_sass.py, test_report_sass.py)."""
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
 
     require_toolchain()
     d = tmp_path_factory.mktemp("cuda")

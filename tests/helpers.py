@@ -92,7 +92,7 @@ def locked_toolchain():
 
 def require_toolchain():
     """Skip without the sm_70 toolchain, unless CI demands it (FA2PATCH_REQUIRE_TOOLCHAIN=1)."""
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
 
     pins = locked_toolchain()
     missing = [
@@ -148,7 +148,7 @@ MMA = (
 
 def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
     """Compile ``source`` for sm_70 with the locked clang and CUDA folder; (object, stderr)."""
-    from fa2patch.build.compile import clang_cuda_flags
+    from fa2patch.compile.builder import clang_cuda_flags
 
     clang, cuda = clang_cuda
     src, obj = tmp_path / "k.cu", tmp_path / "k.o"

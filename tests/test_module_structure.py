@@ -18,9 +18,16 @@ MAX_LINES = 450
 MAX_LAYERS = 8
 MAX_MODULES_PER_STAGE = 15
 # The V100 model and report: they must load without the modules that build, verify or run the
-# extension on a GPU (report reads the extension through build/extension.py only).
+# extension on a GPU (report reads the extension through compile/extension.py only).
 MODEL_STAGES = ("model", "peers")
-GPU_SIDE = ("measure.bench", "measure.smoke", "build.verify", "build.compile", "measure.tune", "measure.tune_worker")
+GPU_SIDE = (
+    "measure.bench",
+    "measure.smoke",
+    "compile.verify",
+    "compile.builder",
+    "measure.tune",
+    "measure.tune_worker",
+)
 
 
 def dotted(path) -> str:

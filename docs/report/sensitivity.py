@@ -11,11 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-from fa2patch.build import sass
-from fa2patch.build.extension import launches_of
 from fa2patch.common import routes
 from fa2patch.common.project import scratch_dir
 from fa2patch.common.shapes import parse_shapes
+from fa2patch.compile import sass
+from fa2patch.compile.extension import launches_of
 from fa2patch.model import calibration as c, phases, report, sass_mix, v100model as m
 from fa2patch.model.calibration import kernel_sass
 

@@ -71,7 +71,7 @@ def shapes():
 
 
 def run(artifact: Path) -> None:
-    from fa2patch.build.extension import launches_of, load_build_info
+    from fa2patch.compile.extension import launches_of, load_build_info
     from fa2patch.model import report
     from fa2patch.model.calibration import calibrate
     from fa2patch.model.v100model import Calibration, Card, load_v100, route_timer

@@ -147,8 +147,8 @@ def test_nvcc_that_cannot_target_sm70_is_named(real_workspace, real_project, tmp
 def test_the_nvcc_route_compiles_as_cxx20_like_the_clang_route(real_workspace, tmp_path, monkeypatch):
     """A CUDA 12.6 nvcc (a stand-in that answers --version and --list-gpu-arch): host and CUDA
     sources get -std=c++20, as on the clang route."""
-    from fa2patch.build import compile as build
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile import builder as build
+    from fa2patch.compile.description import BuildDescription
     from helpers import locked_toolchain
 
     fake = tmp_path / "nvcc"

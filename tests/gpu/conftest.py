@@ -40,7 +40,7 @@ def gpu_build() -> Path:
 @pytest.fixture(scope="session")
 def build_info(gpu_build) -> dict:
     """The GPU build's build_info(), read as fa2patch reads it (a subprocess loads the library)."""
-    from fa2patch.build.extension import load_build_info
+    from fa2patch.compile.extension import load_build_info
 
     info = load_build_info(gpu_build)
     assert "error" not in info, f"loading {gpu_build} failed:\n{info.get('error')}"

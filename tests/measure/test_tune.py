@@ -813,7 +813,7 @@ def test_tune_command_end_to_end_with_a_fake_gpu(monkeypatch, tmp_path, config):
     the worker replaced: an H200 whose measurements are _points()."""
     from click.testing import CliRunner
 
-    import fa2patch.build.extension as extension
+    import fa2patch.compile.extension as extension
     from fa2patch.cli.main import cli
 
     monkeypatch.setattr(

@@ -247,7 +247,7 @@ def test_each_tile_is_charged_the_code_its_ctas_can_reach():
     """A dispatch branch (0x10) sends tile B's CTAs past tile A's loop; tile A's epilogue sits at
     the end of the function (0xc0), after tile B's code, as the compiler may place it. Every
     other branch counts both ways; an unpredicated BRA or EXIT does not fall through."""
-    from fa2patch.build import sass
+    from fa2patch.compile import sass
     from fa2patch.model.sass_mix import tile_code
 
     def ins(addr, op, target=None, predicated=False):

@@ -339,8 +339,8 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
     """The anchors' SASS is compiled in the scratch folder, never committed (anchors.toml: mix_source's
     ``sass``; $FA2PATCH_SCRATCH, else work/scratch); where it is at hand, the recorded loop and outside
     code must be what the pipeline reads now."""
-    from fa2patch.build import sass
     from fa2patch.common.project import scratch_dir
+    from fa2patch.compile import sass
 
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
     path, part = c.kernel_sass(kernel, scratch_dir(REPO))
@@ -363,7 +363,7 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
 
 def function(lines: list[str]):
     """A SassFunction from 'OP args' lines, 16 bytes apart; 'BRA @label' / '@label:' mark branches."""
-    from fa2patch.build import sass
+    from fa2patch.compile import sass
 
     labels, instrs, addr = {}, [], 0
     for line in lines:

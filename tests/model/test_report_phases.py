@@ -5,7 +5,7 @@ shared-memory pipe (b), dependent HMMA chains (c), and loads waited for."""
 
 import pytest
 
-from fa2patch.build import sass
+from fa2patch.compile import sass
 from fa2patch.model import phases
 from fa2patch.model.v100model import load_v100
 

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from fa2patch.build import sass, toolchain
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.compile import sass, toolchain
 from fa2patch.model.report import kernel_rows
 from fa2patch.model.v100model import load_v100, occupancy
 from helpers import MMA, compile_cu, cpp_head_dims
@@ -80,7 +80,7 @@ def test_step_forms_of_both_accumulators_and_their_tensor_cycles(clang_cuda, tmp
 
 def real_geometry(artifact, route=EXACT):
     """The build's kernels of a route with the geometry its build_info() declares."""
-    from fa2patch.build.extension import load_build_info
+    from fa2patch.compile.extension import load_build_info
     from fa2patch.model.report import route_geometry
 
     return route_geometry(load_build_info(artifact), artifact, route)
@@ -89,7 +89,7 @@ def real_geometry(artifact, route=EXACT):
 def real_rows(artifact):
     """Report rows of every kernel the build declares (launches from build_info()), with both
     routes' geometry."""
-    from fa2patch.build.extension import launches_of, load_build_info
+    from fa2patch.compile.extension import launches_of, load_build_info
 
     geometry = real_geometry(artifact) + real_geometry(artifact, GQA)
     return kernel_rows(artifact, "sm_70", launches_of(load_build_info(artifact)), geometry)

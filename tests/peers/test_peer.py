@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.build import sass
 from fa2patch.common.routes import EXACT
 from fa2patch.common.shapes import Shape
+from fa2patch.compile import sass
 from fa2patch.model import sass_mix
 from fa2patch.model.v100model import Card, load_data, load_v100
 from fa2patch.peers import compile as peer_compile, extract as peer_extract, vllm_triton as peer

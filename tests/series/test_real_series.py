@@ -287,7 +287,7 @@ SM70_DIR = "csrc/flash_attn/fa2patch/sm70"
 
 
 def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real_workspace):
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile.description import BuildDescription
 
     desc = BuildDescription.load(real_workspace)
     ours = sorted(
@@ -303,7 +303,7 @@ def test_every_fa2patch_source_is_built_and_the_lab_builds_the_same_kernels(real
 def test_one_instantiation_file_per_cpp_head_dim_each_built(real_workspace):
     import re
 
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile.description import BuildDescription
 
     head_dims = cpp_head_dims(real_workspace)
     assert head_dims == sorted(head_dims) and head_dims[-1] == 256
@@ -321,7 +321,7 @@ def test_setup_py_builds_the_build_descriptions_fa2patch_sources(real_workspace)
     import ast
     import os
 
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile.description import BuildDescription
 
     tree = ast.parse((real_workspace / "setup.py").read_text())
     helper = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "fa2patch_sources")
@@ -356,8 +356,8 @@ def test_build_info_lists_the_built_kernels_and_the_cpp_head_dims(built_sm70, re
     accounts for its kernel's hot loop is test_report_sass's check.)"""
     import re
 
-    from fa2patch.build import sass, toolchain
-    from fa2patch.build.extension import load_build_info
+    from fa2patch.compile import sass, toolchain
+    from fa2patch.compile.extension import load_build_info
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
     info = load_build_info(artifact)

@@ -83,7 +83,8 @@ def test_plugin_wheel_carries_our_licence_and_notice(project, tmp_path):
 
 def test_extension_wheel_licences_include_fa2_and_cutlass(project, tmp_path):
     """What wheel() gives write_wheel: ours and the FA2 tree's (its LICENSE with the AUTHORS file that
-    LICENSE names, and CUTLASS's), under flash-attn/ by their paths in the tree (CUTLASS's: the opening comment of cutlass.h, as cutlass.h.license)."""
+    LICENSE names, and CUTLASS's: the opening comment of cutlass.h, as cutlass.h.license), under
+    flash-attn/ by their paths in the tree."""
     tree = fa2_tree(tmp_path / "flash-attn")
     licenses = {**package.own_licenses(project), **package.tree_licenses(tree)}
     wheel = package.write_wheel(tmp_path / "out", "0.1.0+torch2.9.1", "cp39-abi3-linux_x86_64", {}, "x", licenses)

@@ -97,7 +97,7 @@ def nvcc_command(src: str, *, gencode="-gencode=arch=compute_90,code=sm_90", std
 
 
 def test_the_nvcc_check_names_what_is_wrong(real_workspace):
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile.description import BuildDescription
 
     sources = BuildDescription.load(real_workspace).arch("sm_90").cuda_sources
     good = [nvcc_command(s) for s in sources]
@@ -156,7 +156,7 @@ def lab_dry_run(vllm_src, real_project, real_workspace, tmp_path_factory):
 
 
 def test_vllms_cmake_configures_the_lab_build_with_nvcc_and_the_flags_hold(lab_dry_run, real_workspace):
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile.description import BuildDescription
 
     desc = BuildDescription.load(real_workspace)
     result, log = lab_dry_run

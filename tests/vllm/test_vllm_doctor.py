@@ -161,7 +161,7 @@ def fake_vllm(site: Path, fa2_extension: Path, cuda_path: Path) -> None:
     (pkg / "__init__.py").write_text("raise ImportError('the doctor must not import vllm')\n")
     src = site.parent / "kernel.cu"
     src.write_text(KERNEL)
-    clang = __import__("fa2patch.build.toolchain", fromlist=["x"]).find_clang(locked_toolchain().clang)
+    clang = __import__("fa2patch.compile.toolchain", fromlist=["x"]).find_clang(locked_toolchain().clang)
     subprocess.run(
         [
             str(clang),
@@ -190,7 +190,7 @@ def fake_vllm(site: Path, fa2_extension: Path, cuda_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def fake_site(built_sm70, real_project, tmp_path_factory) -> Path:
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
 
     root = tmp_path_factory.mktemp("fake-env")
     site = root / "site"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2patch.build.verify import load_expected_schemas
+from fa2patch.compile.verify import load_expected_schemas
 from helpers import REPO, locked_toolchain, require_toolchain
 
 PROBE = Path(__file__).with_name("vllm_gate_probe.py")
@@ -267,7 +267,7 @@ def vllm_built_tree(vllm_src_package, vllm_src, built, tmp_path_factory):
     (fa2patch.vllm.cmake, clang route: a stand-in top level, vLLM's needs nvcc). No build type:
     setup.py's RelWithDebInfo adds -g, and this build must be byte-identical to fa2patch build's."""
     tree, _, _ = vllm_src_package
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
     from fa2patch.vllm import cmake as vllm_cmake
 
     root = tmp_path_factory.mktemp("vllm-cmake")
@@ -520,7 +520,7 @@ def test_build_against_another_interpreter_records_it_and_verify_loads_with_it(b
         assert manifest["torch"]["python"] == str(wheel_python)
         assert manifest["torch"]["arch_list"][0] == "sm_70"
         code = (
-            "import json,sys; from pathlib import Path; from fa2patch.build import verify; "
+            "import json,sys; from pathlib import Path; from fa2patch.compile import verify; "
             "calls=[]; real=verify.probe_extension; "
             "verify.probe_extension=lambda a,s,p,*r: calls.append(p) or real(a,s,p,*r); "
             "m,rows=verify.verify(Path(sys.argv[1]),Path(sys.argv[2]),Path(sys.argv[3])); "

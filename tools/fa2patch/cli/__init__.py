@@ -2,5 +2,5 @@
 """The `fa2patch` command line: one click group, the commands of each stage, one way to
 print a result and exit.
 
-Imports any stage except fa2patch.lab.
+Imports every stage but fa2patch.lab.
 """

@@ -34,7 +34,7 @@ def doctor(ctx, vllm_python, as_json):
     the exact next command or the exact reason it cannot work."""
     if vllm_python:
         return _doctor_vllm(ctx, vllm_python, as_json)
-    from fa2patch.build.toolchain import doctor as do_doctor
+    from fa2patch.compile.toolchain import doctor as do_doctor
 
     items = do_doctor(ctx.lock().toolchain)
     missing = [i.name for i in items if i.required and not i.found]
@@ -111,7 +111,7 @@ def build(ctx, arch, cuda_compiler, jobs, check_only, python, workspace, as_json
     With --python, build against the torch of another environment (headers, C++ ABI flag and
     CUDA version read from that interpreter; a torch without code for --arch is refused unless
     --allow-torch-without-sm70). The sources are compiled as C++20 (torch >= 2.10 requires it)."""
-    from fa2patch.build.compile import build as do_build
+    from fa2patch.compile.builder import build as do_build
 
     lock, ws = ctx.lock(), ctx.workspace(workspace)
     out = ctx.project.build_dir(arch)
@@ -162,8 +162,8 @@ def verify(ctx, arch, artifact, python, workspace, as_json):
     """Check the operator schemas, the artifact's hygiene (libraries, RPATH, build paths, CPython
     ABI) and every kernel's registers, spills, shared memory and SASS. The extension is loaded
     with the interpreter it was built for (manifest), or --python."""
-    from fa2patch.build import verify as v
-    from fa2patch.build.compile import artifact_manifest
+    from fa2patch.compile import verify as v
+    from fa2patch.compile.builder import artifact_manifest
 
     p = ctx.project
     if artifact is None:
@@ -262,7 +262,7 @@ def package(ctx, arch, vllm_src, out, force, workspace, as_json):
     p = ctx.project
     out = (out or p.root / "dist").resolve()
     if vllm_src is None:
-        from fa2patch.build.verify import verify as do_verify
+        from fa2patch.compile.verify import verify as do_verify
 
         pk.packageable(p, arch)  # a lab or check-only build is refused before anything runs
         _, rows = do_verify(p.build_dir(arch), p.schemas_path, p.budgets_path, None, (p.root, ctx.workspace(workspace)))

@@ -77,8 +77,8 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
     their residuals)."""
-    from fa2patch.build.extension import load_manifest
     from fa2patch.common.shapes import parse_shapes
+    from fa2patch.compile.extension import load_manifest
     from fa2patch.model.report import report as do_report
     from fa2patch.model.report_text import render
     from fa2patch.model.v100model import Card
@@ -145,9 +145,9 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     """Time routes of the extension over a shape sweep (CUDA events) with numerics, and record the
     card: SM/memory clock, power, temperature and throttle reasons sampled through NVML during every
     timed case; on an SM70 card, report's calibrated estimate beside each time."""
-    from fa2patch.build.extension import load_manifest, manifest_path
     from fa2patch.common.digest import sha256_file
     from fa2patch.common.shapes import parse_shapes
+    from fa2patch.compile.extension import load_manifest, manifest_path
     from fa2patch.measure import bench as b, bench_text
 
     shape_list = parse_shapes(shapes or b.DEFAULT_SHAPES)
@@ -279,7 +279,7 @@ def tune(
     """Measure every route on this GPU over the calls a vLLM deployment makes (heads from
     --model-config and --tp, chunked prefill of --max-num-batched-tokens up to --max-model-len) and
     write a routing profile for FA2PATCH_ROUTING_PROFILE; or --check a profile file."""
-    from fa2patch.build.extension import load_manifest, manifest_path, mhz, probe_gpu, smi
+    from fa2patch.compile.extension import load_manifest, manifest_path, mhz, probe_gpu, smi
     from fa2patch.measure import tune as t
     from fa2patch.measure.tune_plan import per_rank, read_model_config
     from fa2patch.model.v100model import Card
@@ -343,8 +343,8 @@ def tune(
 
 
 def _tune_check(path: Path, artifact: Path | None, this_gpu: bool, as_json: bool) -> int:
-    from fa2patch.build.extension import probe_gpu
     from fa2patch.common.digest import sha256_file
+    from fa2patch.compile.extension import probe_gpu
     from fa2patch.measure import profile as pf
 
     device = None

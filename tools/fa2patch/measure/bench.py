@@ -21,7 +21,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fa2patch import __version__
-from fa2patch.build.extension import (
+from fa2patch.common import numerics
+from fa2patch.common.errors import EnvironmentProblem, Fa2PatchError, NothingToLaunch
+from fa2patch.common.routes import EXACT
+from fa2patch.common.shapes import Shape, useful_flops
+from fa2patch.compile.extension import (
     mhz,
     pin_route,
     probe_gpu,
@@ -31,10 +35,6 @@ from fa2patch.build.extension import (
     smi,
     varlen_fwd,
 )
-from fa2patch.common import numerics
-from fa2patch.common.errors import EnvironmentProblem, Fa2PatchError, NothingToLaunch
-from fa2patch.common.routes import EXACT
-from fa2patch.common.shapes import Shape, useful_flops
 from fa2patch.measure import gpu_clocks
 
 DEFAULT_SHAPES = "q=8000,kv=40000:128000:8000,hq=6,hkv=1,d=256,causal=1,scale=0.0625"

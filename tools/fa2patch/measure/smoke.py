@@ -11,7 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-from fa2patch.build.extension import (
+from fa2patch.common.errors import NothingToLaunch
+from fa2patch.compile.extension import (
     load_build_info,
     load_manifest,
     manifest_path,
@@ -21,7 +22,6 @@ from fa2patch.build.extension import (
     route_entry,
     varlen_fwd,
 )
-from fa2patch.common.errors import NothingToLaunch
 
 # (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
 # Routes whose op is varlen_fwd run these; the long-prefill op (one sequence, causal, head dim 256)

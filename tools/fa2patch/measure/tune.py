@@ -40,10 +40,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fa2patch import __version__
-from fa2patch.build.extension import PIN_SPLITS_HOOK
 from fa2patch.common.errors import EnvironmentProblem, Fa2PatchError
 from fa2patch.common.routes import EXACT, GQA, SPLITKV
 from fa2patch.common.tables import table
+from fa2patch.compile.extension import PIN_SPLITS_HOOK
 from fa2patch.measure import gpu_clocks, profile
 from fa2patch.measure.tune_plan import Plan, RankHeads
 from fa2patch.measure.tune_worker import ENV_EXACT

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from fa2patch.build.extension import PIN_SPLITS_HOOK
 from fa2patch.common import numerics
 from fa2patch.common.digest import sha256_file
 from fa2patch.common.routes import EXACT, GQA
+from fa2patch.compile.extension import PIN_SPLITS_HOOK
 from fa2patch.measure import gpu_clocks, profile
 from fa2patch.measure.tune_plan import Plan, RankHeads
 

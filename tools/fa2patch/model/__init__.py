@@ -3,5 +3,5 @@
 iteration, the routes' launch plans, the calibration against published V100 anchors, and
 `report`. No GPU and no torch: estimates, not measurements.
 
-Imports fa2patch.common and fa2patch.build (the built extension's SASS and build_info).
+Imports fa2patch.common and fa2patch.compile (the built extension's SASS and build_info).
 """

@@ -31,7 +31,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from fa2patch.build import sass
+from fa2patch.compile import sass
 from fa2patch.model.loop_mix import SUBPARTITIONS
 
 _REG = re.compile(r"\bR(\d+)\b")

@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fa2patch.build import sass, toolchain
-from fa2patch.build.extension import launches_of, read_extension
 from fa2patch.common import routes
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape, useful_flops
+from fa2patch.compile import sass, toolchain
+from fa2patch.compile.extension import launches_of, read_extension
 from fa2patch.model import gqa_route
 from fa2patch.model.calibration import calibrate, faster_if_separated, with_range
 from fa2patch.model.exact_route import COMBINE_KERNEL, dense_launches, splitkv_launches

@@ -13,8 +13,8 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-from fa2patch.build import sass
 from fa2patch.common.errors import EnvironmentProblem
+from fa2patch.compile import sass
 from fa2patch.model import phases
 from fa2patch.model.loop_mix import LoopMix, access_passes
 from fa2patch.model.v100model import Card, binding, load_v100, peak_tflops

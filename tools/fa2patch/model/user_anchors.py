@@ -19,10 +19,10 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from fa2patch.build.extension import mhz
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
 from fa2patch.common.tables import table
+from fa2patch.compile.extension import mhz
 from fa2patch.model.v100model import Card
 
 

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fa2patch.build import sass, toolchain
 from fa2patch.common.errors import EnvironmentProblem
+from fa2patch.compile import sass, toolchain
 from fa2patch.model import sass_mix
 from fa2patch.model.loop_mix import access_passes
 from fa2patch.peers import compile as peer_compile
@@ -23,7 +23,9 @@ TRITON_PIN = (
     "vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
     "Requires-Dist: triton~=3.8.0; newest 3.8.x on the index: 3.8.0"
 )
-ENVIRONMENT = "python3 -m venv $FA2PATCH_SCRATCH/peer-venv && $FA2PATCH_SCRATCH/peer-venv/bin/pip install 'triton~=3.8.0'"
+ENVIRONMENT = (
+    "python3 -m venv $FA2PATCH_SCRATCH/peer-venv && $FA2PATCH_SCRATCH/peer-venv/bin/pip install 'triton~=3.8.0'"
+)
 COMMAND = (
     "PYTHONPATH=tools python -m fa2patch.peers.extract --python $FA2PATCH_SCRATCH/peer-venv/bin/python "
     "--out tools/fa2patch/data/peer_vllm_triton.toml"

@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fa2patch.build import extension
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem
+from fa2patch.compile import extension
 
 FA_CMAKE = "cmake/external_projects/vllm_flash_attn.cmake"
 # What vLLM's files must contain (read by the driver; ci/gpu-vllm.sh prepare carries them).
@@ -162,7 +162,7 @@ def write_driver(run: Run) -> Path:
 
 def configure_command(run: Run, top: Path) -> tuple[list[str], dict]:
     """setup.py's configure (cmake_build_ext.configure), for the FA part."""
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
 
     args = [
         str(find_cmake()),
@@ -213,7 +213,7 @@ def configure(run: Run, log=print) -> None:
 
 def commands(run: Run) -> list[list[str]]:
     """The compile and link commands of _vllm_fa2_C (after ``configure``), none run."""
-    from fa2patch.build import toolchain
+    from fa2patch.compile import toolchain
 
     out = subprocess.run(
         [str(toolchain.find_ninja()), "-C", str(run.build_dir), "-t", "commands", "_vllm_fa2_C"],
@@ -253,8 +253,8 @@ def check_nvcc_commands(cmds: list[list[str]], tree: Path, arch: str) -> list[st
     """What must hold of nvcc's commands for the tree's CUDA sources (empty: all of it): each source
     compiled once, for ``arch`` only (torch's and vLLM's arch flags cleared), as C++20, with
     fa2patch's flags and the tree's defines."""
-    from fa2patch.build import compile as build
-    from fa2patch.build.description import BuildDescription
+    from fa2patch.compile import builder as build
+    from fa2patch.compile.description import BuildDescription
 
     desc = BuildDescription.load(tree)
     nvcc = compile_commands(cmds, "nvcc")
@@ -285,7 +285,7 @@ def check_nvcc_commands(cmds: list[list[str]], tree: Path, arch: str) -> list[st
 def lab_manifest(run: Run, arch: str, cmds: list[list[str]], seconds: float) -> dict:
     """A build/<arch>/manifest.json for the extension vLLM's CMake built and installed, so that
     `fa2patch verify/smoke` and tests/gpu run against it (no ptxas log: spills from stack frames)."""
-    from fa2patch.build import compile as build, toolchain
+    from fa2patch.compile import builder as build, toolchain
 
     manifest = build.artifact_manifest(run.installed, run.tree, arch)
     torch = toolchain.torch_info(run.python)

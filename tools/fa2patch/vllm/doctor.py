@@ -17,8 +17,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fa2patch.build import toolchain
 from fa2patch.common.errors import EnvironmentProblem
+from fa2patch.compile import toolchain
 
 V100 = "sm_70"
 TORCH_CU126 = "--index-url https://download.pytorch.org/whl/cu126"  # PyTorch's CUDA 12.6 builds

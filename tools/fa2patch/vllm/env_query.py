@@ -2,7 +2,7 @@
 """What `fa2patch doctor --vllm PYTHON` needs to know about that interpreter's environment.
 
 Standalone on purpose (no fa2patch import): it runs with the user's interpreter. It imports torch
-(through fa2patch/build/torch_query.py, by path) but never vllm, whose import needs vLLM's whole dependency set:
+(through fa2patch/compile/torch_query.py, by path) but never vllm, whose import needs vLLM's whole dependency set:
 vLLM and the fa2patch plugin are read from their installed metadata and files. Prints JSON.
 """
 
@@ -60,7 +60,7 @@ def main() -> dict:
         out["plugin"]["dir"] = plugin_dir
     out["general_plugins"] = sorted(e.name for e in md.entry_points(group="vllm.general_plugins"))
     try:
-        sys.path.insert(0, str(Path(__file__).parents[1] / "build"))  # torch_query.py, the build stage's
+        sys.path.insert(0, str(Path(__file__).parents[1] / "compile"))  # torch_query.py, the compile stage's
         import torch_query
 
         out["torch"] = torch_query.facts()

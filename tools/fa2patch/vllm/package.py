@@ -27,13 +27,13 @@ import zipfile
 from pathlib import Path
 
 from fa2patch import __version__
-from fa2patch.build import compile as build
-from fa2patch.build.description import BuildDescription
-from fa2patch.build.toolchain import TORCH_QUERY
 from fa2patch.common.digest import git_tree_digest
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem
 from fa2patch.common.lockfile import Lock
 from fa2patch.common.project import Project
+from fa2patch.compile import builder as build
+from fa2patch.compile.description import BuildDescription
+from fa2patch.compile.toolchain import TORCH_QUERY
 from fa2patch.series import gitws
 
 # The tested vLLM release's facts and sources live in vllm_sdist; re-exported here for the callers that
@@ -154,7 +154,7 @@ def platform_tag() -> str:
 def packageable(project: Project, arch: str) -> tuple[dict, Path]:
     """The manifest and extension of build/<arch>, refused when it is not for a vLLM install: a lab
     build, or a check-only build against a torch that cannot run it (--allow-torch-without-sm70)."""
-    from fa2patch.build.extension import load_manifest
+    from fa2patch.compile.extension import load_manifest
 
     manifest, artifact = load_manifest(project.build_dir(arch))
     if manifest.get("lab"):

@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fa2patch import __version__
-from fa2patch.build import sass, toolchain
-from fa2patch.build.description import BuildDescription
-from fa2patch.build.extension import clear_manifest, manifest_for_artifact, write_manifest
 from fa2patch.common.digest import sha256_file, tree_digest
 from fa2patch.common.errors import EnvironmentProblem, Fa2PatchError, mismatch
 from fa2patch.common.lockfile import Toolchain
+from fa2patch.compile import sass, toolchain
+from fa2patch.compile.description import BuildDescription
+from fa2patch.compile.extension import clear_manifest, manifest_for_artifact, write_manifest
 
 ARTIFACT_SUFFIX = ".abi3.so"
 

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from fa2patch.build.compile import BuildFailed, object_path, ptxas_kernels
-from fa2patch.build.description import BuildDescription
 from fa2patch.common.errors import CheckFailed
+from fa2patch.compile.builder import BuildFailed, object_path, ptxas_kernels
+from fa2patch.compile.description import BuildDescription
 
 FILES = ["api.cpp", "hooks.cpp", "k32.cu", "k64.cu", "combine.cu", "lab_only.cu"]
 

@@ -5,8 +5,8 @@ import textwrap
 
 import pytest
 
-from fa2patch.build import sass, toolchain
-from fa2patch.build.verify import check_kernels
+from fa2patch.compile import sass, toolchain
+from fa2patch.compile.verify import check_kernels
 from helpers import MMA, compile_cu
 
 # Three dependent mma.m8n8k4 (each is 4 HMMA.884 steps on sm_70: 12 in all) and a plain kernel.
@@ -97,8 +97,8 @@ def test_spills_fail_the_shipped_arch_and_are_reported_on_a_lab_build(clang_cuda
 
 
 def test_spill_budget_cannot_be_loosened(tmp_path):
-    from fa2patch.build.verify import load_budgets
     from fa2patch.common.errors import CheckFailed
+    from fa2patch.compile.verify import load_budgets
 
     budgets = tmp_path / "budgets.toml"
     budgets.write_text("[default]\nmax_spill_bytes = 16\n")
@@ -183,7 +183,7 @@ def test_kernel_names_are_matched_one_way_globs_on_demangled_names():
 
 
 def test_verify_takes_launches_from_build_info_by_name_part():
-    from fa2patch.build.extension import launches_of
+    from fa2patch.compile.extension import launches_of
 
     info = {"kernels": [{"kernel": "flash_fwd_sm70_kernel<32>", "threads": 128, "dynamic_smem": 15360}]}
     launches = launches_of(info)

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fa2patch.build.sass import name_part_glob
 from fa2patch.common.digest import sha256_file
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem, mismatch
+from fa2patch.compile.sass import name_part_glob
 
 MANIFEST = "manifest.json"
 

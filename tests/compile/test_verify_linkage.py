@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from fa2patch.build.verify import check_hygiene
+from fa2patch.compile.verify import check_hygiene
 
 SRC = "#include <sstream>\n#include <string>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n"
 ROWS = {"libstdc++", "needed", "rpath", "build paths", "python abi"}
@@ -89,7 +89,7 @@ def test_machine_folders_name_a_venv_not_the_system_prefix_of_its_interpreter(tm
     -g builds name everywhere: /usr/include) does not."""
     from pathlib import Path
 
-    from fa2patch.build.verify import machine_folders
+    from fa2patch.compile.verify import machine_folders
 
     system = Path("/usr/bin/python3")
     if not system.exists():

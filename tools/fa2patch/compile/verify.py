@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fa2patch.build import sass, toolchain
-from fa2patch.build.extension import launches_of, load_manifest, manifest_path, python_json
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem, mismatch
+from fa2patch.compile import sass, toolchain
+from fa2patch.compile.extension import launches_of, load_manifest, manifest_path, python_json
 
 SCHEMA_PROBE = r"""
 import ctypes, importlib.machinery, importlib.util, json, sys, torch
