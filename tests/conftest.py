@@ -15,6 +15,7 @@ from helpers import (
     file_member,
     locked_toolchain,
     make_tar,
+    project_copy,
     reference_digest,
     require_toolchain,
 )
@@ -70,22 +71,6 @@ def clang_cuda(tmp_path_factory):
     d = tmp_path_factory.mktemp("cuda")
     pins = locked_toolchain()
     return toolchain.find_clang(pins.clang), toolchain.assemble_cuda_path(d / "cuda", pins)
-
-
-def project_copy(tmp_path_factory, name: str) -> MiniProject:
-    """A copy of this repository's lock, patches, schemas, budgets, packaging and licence files in a
-    temporary project. Uses the user's archive cache (fetching the real baseline into it if needed)."""
-    import shutil
-
-    from fa2patch.common.project import user_cache_dir
-
-    root = tmp_path_factory.mktemp(name) / "proj"
-    root.mkdir()
-    for file in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
-        shutil.copy(REPO / file, root / file)
-    for folder in ("patches", "schemas", "packaging"):
-        shutil.copytree(REPO / folder, root / folder)
-    return MiniProject(root, user_cache_dir(), user_cache_dir() / "archives")
 
 
 @pytest.fixture(scope="session")

@@ -163,3 +163,19 @@ def compile_cu(clang_cuda, source, tmp_path, extra=(), macros=True):
     )
     assert proc.returncode == 0, proc.stderr
     return obj, proc.stderr
+
+
+def project_copy(tmp_path_factory, name: str) -> MiniProject:
+    """A copy of this repository's lock, patches, schemas, budgets, packaging and licence files in a
+    temporary project. Uses the user's archive cache (fetching the real baseline into it if needed)."""
+    import shutil
+
+    from fa2patch.common.project import user_cache_dir
+
+    root = tmp_path_factory.mktemp(name) / "proj"
+    root.mkdir()
+    for file in ("baseline.lock", "budgets.toml", "pyproject.toml", "LICENSE", "NOTICE"):
+        shutil.copy(REPO / file, root / file)
+    for folder in ("patches", "schemas", "packaging"):
+        shutil.copytree(REPO / folder, root / folder)
+    return MiniProject(root, user_cache_dir(), user_cache_dir() / "archives")

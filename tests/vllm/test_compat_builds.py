@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from conftest import project_copy
-from helpers import REPO, require_toolchain
+from helpers import REPO, project_copy, require_toolchain
 
 TORCH214 = REPO / ".venv-torch214" / "bin" / "python"
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The peer's data, extracted (``python -m fa2patch.peers.extract``; slow, needs the Triton that vLLM's
-torch pins, not run in CI): compile vLLM's TRITON_ATTN kernels for capability 7.0 (peer_compile.py),
+torch pins, not run in CI): compile vLLM's TRITON_ATTN kernels for capability 7.0 (peers/compile.py),
 read each variant's SASS with the pipeline our kernels go through and write
 data/peer_vllm_triton.toml, which peer.py models from."""
 

@@ -8,8 +8,8 @@ TRITON_ATTN, whose ``unified_attention`` launches one Triton kernel for prefill 
 
 Two halves:
 
-- ``extract`` (peer_extract.py; slow, needs the Triton that vLLM's torch pins; not run in CI):
-  compiles the kernels for capability 7.0 offline (peer_compile.py), reads their SASS with the
+- ``extract`` (peers/extract.py; slow, needs the Triton that vLLM's torch pins; not run in CI):
+  compiles the kernels for capability 7.0 offline (peers/compile.py), reads their SASS with the
   same pipeline as our kernels (``sass.parse_sass``, ``SassFunction.main_loop``, ``sass_mix.mix_of``,
   ``sass_mix.outside_mix``) and writes data/peer_vllm_triton.toml. Command:
 
