@@ -72,17 +72,17 @@ def test_stages_import_only_downward(tmp_path):
     """A stage importing a later one is refused, by absolute or relative import and inside a function;
     its own and earlier stages are fine."""
     pkg = tmp_path / "pkg"
-    for stage in ("common", "build", "cli"):
+    for stage in ("common", "compile", "cli"):
         (pkg / stage).mkdir(parents=True)
         (pkg / stage / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
     (pkg / "common" / "errors.py").write_text("X = 1\n")
-    (pkg / "build" / "ok.py").write_text("from pkg.common.errors import X\nfrom . import late\n")
-    (pkg / "build" / "late.py").write_text("def f():\n    from ..cli import main\n    return main\n")
-    (pkg / "cli" / "main.py").write_text("from pkg.build import ok\n")
-    (pkg / "common" / "up.py").write_text("import pkg.build.ok\n")
+    (pkg / "compile" / "ok.py").write_text("from pkg.common.errors import X\nfrom . import late\n")
+    (pkg / "compile" / "late.py").write_text("def f():\n    from ..cli import main\n    return main\n")
+    (pkg / "cli" / "main.py").write_text("from pkg.compile import ok\n")
+    (pkg / "common" / "up.py").write_text("import pkg.compile.ok\n")
     found = check_imports.stage_violations(tmp_path, "pkg")
-    assert set(found) == {"build.late", "common.up"}
-    assert "imports pkg.cli" in found["build.late"] and "later stage 'cli'" in found["build.late"]
+    assert set(found) == {"compile.late", "common.up"}
+    assert "imports pkg.cli" in found["compile.late"] and "later stage 'cli'" in found["compile.late"]
     proc = run(tmp_path)
-    assert proc.returncode == 1 and "pkg.common.up: stage 'common' imports pkg.build" in proc.stdout
+    assert proc.returncode == 1 and "pkg.common.up: stage 'common' imports pkg.compile" in proc.stdout
