@@ -15,10 +15,10 @@
 # FA2PATCH_SLOW=1 adds the slow cases, LAB_SANITIZE=1 runs ci/gpu-sanitize.sh and
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
 # LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
-# .lab/vllm-src.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
+# .lab/vllm-src-*.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
 # LAB_VLLM_CMAKE=1 builds the extension through vLLM's own CMake instead of `fa2patch build`: the
 # `fa2patch package --vllm-src` tree, vLLM's real vllm_flash_attn.cmake under the FA2 part of its
-# top-level CMakeLists.txt (from .lab/vllm-src.tar.gz), nvcc for sm_90 (TORCH_CUDA_ARCH_LIST=9.0),
+# top-level CMakeLists.txt (from .lab/vllm-src-0.33.0.tar.gz, the source-build release), nvcc for sm_90 (TORCH_CUDA_ARCH_LIST=9.0),
 # installed as vLLM's setup.py installs it (tools/fa2patch/vllm/cmake.py); `fa2patch verify
 # --artifact` checks the installed file, and build/sm_90 then holds it for smoke, tests/gpu and
 # LAB_VLLM. Needs cmake >= 3.26; $out/vllm-cmake.json holds the nvcc commands and their check.
@@ -51,7 +51,7 @@ else
     if [ "${LAB_VLLM_CMAKE:-0}" = 1 ]; then
         [ -n "${CUDA_HOME:-}" ] || [ ! -x /usr/local/cuda/bin/nvcc ] || export CUDA_HOME=/usr/local/cuda
         echo "[lab] vLLM's CMake builds the --vllm-src tree for sm_90 (nvcc)"
-        python3 -m fa2patch.vllm.cmake lab --workspace work/lab --vllm-archive "${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src.tar.gz}" \
+        python3 -m fa2patch.vllm.cmake lab --workspace work/lab --vllm-archive "${FA2PATCH_VLLM_ARCHIVE:-.lab/vllm-src-0.33.0.tar.gz}" \
             --work work/vllm-cmake --arch sm_90 --lab-build-dir build/sm_90 --python "$(command -v python3)" \
             --summary "$out/vllm-cmake.json" >"$out/build.log" 2>&1
         rc=$?; tail -5 "$out/build.log"; [ $rc = 0 ] || exit 1

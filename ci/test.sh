@@ -6,7 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash ci/install.sh
-# torch 2.14.0 (vLLM 0.33's pin) in .venv-torch214/: the compatibility build and vLLM 0.33's tests.
-bash ci/install-torch214.sh
+# The torch of each other supported vLLM release (packaging/vllm-releases.toml), each in its own venv:
+# the compatibility builds (tests/vllm/test_compat_builds.py) and the doctor --vllm tests.
+bash ci/install-torch.sh ci/torch-2.9.1.txt    # vLLM 0.16.0 -> .venv-torch291/
+bash ci/install-torch.sh ci/torch-2.14.txt     # vLLM 0.33.0 -> .venv-torch214/
 export FA2PATCH_REQUIRE_TOOLCHAIN=1
 exec .venv/bin/python -m pytest -q -rs "$@"

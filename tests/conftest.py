@@ -97,20 +97,36 @@ def built_sm70(real_project, real_workspace) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_src(real_project, tmp_path_factory):
-    """The tested vLLM release's Python sources (fetched and sha256-checked by fa2patch)."""
-    code = (
-        "import sys; from pathlib import Path; from fa2patch.common.project import Project; "
-        "from fa2patch.vllm.package import extract_vllm_sources; from fa2patch.lab.labtools import VLLM_LAB_FILES; "
-        "print(extract_vllm_sources(Project.find(), Path(sys.argv[1]), VLLM_LAB_FILES))"
-    )
-    dest = tmp_path_factory.mktemp("vllm")
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(dest)],
-        env=real_project.env,
-        cwd=real_project.root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
+def vllm_sources(real_project, tmp_path_factory):
+    """A supported vLLM release's Python sources by version (packaging/vllm-releases.toml; fetched
+    and sha256-checked by fa2patch, with the lab's extra files), each extracted once."""
+    found: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in found:
+            code = (
+                "import sys; from pathlib import Path; from fa2patch.common.project import Project; "
+                "from fa2patch.vllm import releases; from fa2patch.vllm.sdist import extract_vllm_sources; "
+                "from fa2patch.lab.labtools import VLLM_LAB_FILES; project = Project.find(); "
+                "release = releases.load(project).get(sys.argv[2]); "
+                "print(extract_vllm_sources(project, Path(sys.argv[1]), VLLM_LAB_FILES, release))"
+            )
+            dest = tmp_path_factory.mktemp("vllm-" + version)
+            out = subprocess.run(
+                [sys.executable, "-c", code, str(dest), version],
+                env=real_project.env,
+                cwd=real_project.root,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            found[version] = Path(out.strip().splitlines()[-1])
+        return found[version]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def vllm_src(vllm_sources):
+    """vLLM 0.33.0's sources: the release built from source (its CMake, the lab's CMake build)."""
+    return vllm_sources("0.33.0")

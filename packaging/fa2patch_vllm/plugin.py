@@ -2,7 +2,10 @@
 """vLLM general plugin (entry-point group ``vllm.general_plugins``): on compute capability 7.0,
 make vLLM use fa2patch's ``_vllm_fa2_C`` and lift the gates that refuse 7.0.
 
-vLLM 0.33 refuses FlashAttention-2 below capability 8.0 in three places:
+It acts only under a vLLM release the wheel was made for (build.json's ``vllm``: the supported
+releases of packaging/vllm-releases.toml whose torch the extension was built against), and logs
+why it changes nothing under any other. vLLM 0.16.0, 0.19.1 and 0.33.0 refuse FlashAttention-2
+below capability 8.0 in three places:
 ``_is_fa2_supported`` (vllm/vllm_flash_attn/flash_attn_interface.py), ``get_flash_attn_version``
 (vllm/v1/attention/backends/fa_utils.py, which asserts the former through
 ``is_fa_version_supported``) and ``FlashAttentionBackend.supports_compute_capability``
@@ -53,6 +56,15 @@ def register() -> None:
     from . import build_record
 
     record = build_record()
+    release = vllm_release()
+    if release not in record["vllm"]:
+        logger.error(
+            "fa2patch-vllm is not activated (vLLM keeps its FlashAttention gates): vLLM %s is not a release this "
+            "wheel supports (%s; fa2patch's packaging/vllm-releases.toml)",
+            release,
+            ", ".join(record["vllm"]),
+        )
+        return
     if record["bundles_extension"]:
         problem = activation_problem(record)
         if problem:
@@ -68,6 +80,15 @@ def register() -> None:
     patch_when_imported(BACKEND, lift_backend_gate)
     _active = True
     logger.info("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through %s", source)
+
+
+def vllm_release() -> str:
+    """The running vLLM's version (its package's own __version__; "unknown" if it has none)."""
+    try:
+        from vllm import __version__
+    except ImportError:
+        return "unknown"
+    return str(__version__)
 
 
 def activation_problem(record: dict) -> str | None:

@@ -35,11 +35,11 @@ FLIPS = {
     "baseline.files": (None, None, "replay", 1, ["files (extracted files and links) mismatch"]),
     "toolchain.cuda": ('cuda = "12.8"', 'cuda = "12.9"', "check", 1, ["CUDA release", "12.9.x", "actual:   12.8."]),
     "toolchain.torch": (
-        'torch = "2.9.1"',
-        'torch = "2.9.2"',
+        'torch = "2.10.0"',
+        'torch = "2.10.9"',
         "check",
         1,
-        ["pyproject.toml", "torch==2.9.2", "torch==2.9.1"],
+        ["pyproject.toml", "torch==2.10.9", "torch==2.10.0"],
     ),
     "toolchain.wheels": (
         "nvidia-cuda-cccl-cu12==12.8.90",

@@ -74,7 +74,7 @@ def test_a_changed_clang_pin_fails_doctor(mini):
             "nvidia-cuda-nvcc",
             "13.0.88 installed, pinned 13.0.89",
         ),
-        ('torch = "2.9.1"', 'torch = "2.9.0"', "torch", "pinned 2.9.0"),
+        ('torch = "2.10.0"', 'torch = "2.9.0"', "torch", "2.10.0+cu128 (CUDA 12.8), pinned 2.9.0"),
     ],
 )
 def test_a_changed_package_pin_fails_doctor_naming_both_versions(mini, old, new, name, detail):

@@ -153,7 +153,7 @@ def test_gpu_lab_vllm_cmake_switch_builds_through_vllms_cmake_and_verifies_the_i
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "build.log").read_text()
     assert (
-        f"fake vllm_cmake lab --workspace work/lab --vllm-archive .lab/vllm-src.tar.gz --work work/vllm-cmake "
+        f"fake vllm_cmake lab --workspace work/lab --vllm-archive .lab/vllm-src-0.33.0.tar.gz --work work/vllm-cmake "
         f"--arch sm_90 --lab-build-dir build/sm_90 --python {bin_dir / 'python3'} --summary {out}/vllm-cmake.json"
     ) in log
     assert (

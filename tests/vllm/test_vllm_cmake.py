@@ -116,7 +116,7 @@ def test_the_nvcc_check_names_what_is_wrong(real_workspace):
 @pytest.fixture(scope="module")
 def lab_dry_run(vllm_src, real_project, real_workspace, tmp_path_factory):
     need((CUDA_HOME / "bin" / "nvcc").exists(), f"{CUDA_HOME}/bin/nvcc: no nvcc (the machine image's CUDA 13.0)")
-    need(TORCH214.exists(), f"{TORCH214}: no torch 2.14.0 (bash ci/install-torch214.sh)")
+    need(TORCH214.exists(), f"{TORCH214}: no torch 2.14.0 (bash ci/install-torch.sh ci/torch-2.14.txt)")
     try:
         vllm_cmake.find_cmake()
     except Exception as exc:

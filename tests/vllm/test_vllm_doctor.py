@@ -1,11 +1,14 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""`fa2patch doctor --vllm PYTHON` against three environments:
+"""`fa2patch doctor --vllm PYTHON` against the supported releases (packaging/vllm-releases.toml):
 
-- the real vLLM release from the package index (packaging/vllm-release.toml), installed with
-  --no-deps next to the real torch it pins (2.14.0, .venv-torch214/ from ci/install.sh): what pip
-  gives a V100 user; it must say why it cannot work there. The same vLLM files next to torch 2.9.1
-  (this environment's torch) as well.
-- this environment alone (torch 2.9.1, which carries sm_70, no vLLM);
+- vLLM 0.33.0 from the package index, installed with --no-deps next to the real torch it pins
+  (2.14.0, .venv-torch214/ from ci/install.sh): what pip gives a V100 user; it must say why it
+  cannot work there and name the release that can. The same vLLM files next to this environment's
+  torch (2.10.0) as well.
+- vLLM 0.19.1, the primary release, from the package index next to the torch it pins (this
+  environment's, 2.10.0+cu128): without fa2patch's wheel the next command builds and installs it;
+  with the wheel the gate makes, ready. A release outside the matrix is refused by name.
+- this environment alone (torch 2.10.0, which carries sm_70, no vLLM);
 - a complete fake environment: a vLLM built from source for 7.0 (its metadata, a kernel library
   compiled for sm_70, fa2patch's real _vllm_fa2_C), torch 2.14.0+cu126 (a stand-in reporting
   that build's facts), fa2patch's plugin wheel installed, an nvcc 12.6: ready.
@@ -16,15 +19,18 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 import venv
 from pathlib import Path
 
 import pytest
 
+from fa2patch.common.project import Project
+from fa2patch.vllm import releases
 from helpers import REPO, locked_toolchain, require_toolchain
 
-RELEASE = tomllib.loads((REPO / "packaging" / "vllm-release.toml").read_text())["vllm"]
+MATRIX = releases.load(Project(REPO))
+RELEASE = MATRIX.get("0.33.0")  # the source-build release: no index install runs on a V100
+PRIMARY = MATRIX.primary  # 0.19.1: the newest release a V100 runs from the package index
 TORCH214 = REPO / ".venv-torch214"
 CU126 = "--index-url https://download.pytorch.org/whl/cu126"
 
@@ -57,18 +63,16 @@ def env_with(path: Path, *sites: Path) -> Path:
 def torch214_site() -> Path:
     site = next(TORCH214.glob("lib/python*/site-packages"), None)
     if site is None or not (site / "torch").is_dir():
-        message = f"{TORCH214}: no torch 2.14.0 (bash ci/install-torch214.sh installs it)"
+        message = f"{TORCH214}: no torch 2.14.0 (bash ci/install-torch.sh ci/torch-2.14.txt installs it)"
         if os.environ.get("FA2PATCH_REQUIRE_TOOLCHAIN") == "1":
             pytest.fail(message)
         pytest.skip(message)
     return site
 
 
-@pytest.fixture(scope="module")
-def vllm_index_files(tmp_path_factory) -> Path:
+def index_install(target: Path, version: str) -> Path:
     """vLLM's wheel from the package index, installed --no-deps (its metadata says how: no
     direct_url.json), into a folder that environments add to their path."""
-    target = tmp_path_factory.mktemp("vllm-index") / "site"
     proc = subprocess.run(
         [
             sys.executable,
@@ -79,7 +83,7 @@ def vllm_index_files(tmp_path_factory) -> Path:
             "--no-deps",
             "--target",
             str(target),
-            f"vllm=={RELEASE['version']}",
+            f"vllm=={version}",
         ],
         capture_output=True,
         text=True,
@@ -88,13 +92,23 @@ def vllm_index_files(tmp_path_factory) -> Path:
     return target
 
 
+@pytest.fixture(scope="module")
+def vllm_index_files(tmp_path_factory) -> Path:
+    return index_install(tmp_path_factory.mktemp("vllm-index") / "site", RELEASE.version)
+
+
+@pytest.fixture(scope="module")
+def primary_index_files(tmp_path_factory) -> Path:
+    return index_install(tmp_path_factory.mktemp("vllm-primary") / "site", PRIMARY.version)
+
+
 def test_a_real_vllm_index_install_cannot_work_on_v100(real_project, torch214_site, vllm_index_files, tmp_path):
     python = env_with(tmp_path / "venv", torch214_site, vllm_index_files)
     result = doctor(real_project, python)
     assert result["verdict"] == "cannot" and result["ok"] is False
     # vLLM 0.33.0 pins torch==2.14.0; the index's 2.14.0 (+cu130) lists sm_75..sm_120 (issue 16).
     vllm = result["facts"]["vllm"]
-    assert vllm["version"] == RELEASE["version"] and vllm["torch_pin"] == RELEASE["torch"] == "2.14.0"
+    assert vllm["version"] == RELEASE.version and vllm["torch_pin"] == RELEASE.torch == "2.14.0"
     assert vllm["installed"] == "from a package index (no direct_url.json)"
     assert (
         result["facts"]["torch"]["version"] == "2.14.0+cu130" and "sm_70" not in result["facts"]["torch"]["arch_list"]
@@ -109,6 +123,10 @@ def test_a_real_vllm_index_install_cannot_work_on_v100(real_project, torch214_si
     assert "installed from a package index" in result["reason"] and "carry no sm_70" in result["reason"]
     assert "its torch 2.14.0+cu130 has no sm_70 either" in result["reason"]
     assert "V100 with vLLM 0.33, from zero" in result["instead"]
+    assert (
+        f"pip install vllm=={PRIMARY.version}" in result["instead"]
+        and "V100 from the package index" in result["instead"]
+    )
     text = subprocess.run(
         [sys.executable, "-m", "fa2patch", "doctor", "--vllm", str(python)],
         capture_output=True,
@@ -118,24 +136,80 @@ def test_a_real_vllm_index_install_cannot_work_on_v100(real_project, torch214_si
     assert "cannot work: vLLM 0.33.0 here was installed from a package index" in text
 
 
-def test_the_same_vllm_next_to_torch_291_names_the_pin(real_project, vllm_index_files, tmp_path):
+def test_the_same_vllm_next_to_this_torch_names_the_pin(real_project, vllm_index_files, tmp_path):
     import torch
 
     python = env_with(tmp_path / "venv", Path(torch.__file__).parents[1], vllm_index_files)
     result = doctor(real_project, python)
     c = checks(result)
-    assert c["torch"]["ok"] is True  # 2.9.1 carries sm_70 ...
+    assert c["torch"]["ok"] is True  # 2.10.0 carries sm_70 ...
     assert c["torch pin"]["ok"] is False and f"this environment has {torch.__version__}" in c["torch pin"]["detail"]
     assert result["verdict"] == "cannot"  # ... but vLLM's own kernels still do not run on 7.0
 
 
-def test_the_torch_291_environment_is_told_to_install_the_torch_vllm_pins(real_project):
-    """This environment: torch 2.9.1 (with sm_70), no vLLM: the next command installs the torch
-    vLLM 0.33 pins, from PyTorch's CUDA 12.6 builds."""
+def test_this_environment_is_told_to_install_the_release_its_torch_serves(real_project):
+    """This environment: torch 2.10.0 (with sm_70), no vLLM: vLLM 0.19.1 pins that torch and runs on
+    a V100 from the package index, so the next command installs it."""
+    import torch
+
+    assert torch.__version__.split("+")[0] == PRIMARY.torch == "2.10.0"
     result = doctor(real_project, sys.executable)
     c = checks(result)
     assert result["verdict"] == "next" and c["torch"]["ok"] is True and c["vllm"]["ok"] is None
-    assert result["next"].startswith(f"{sys.executable} -m pip install torch==2.14.0 {CU126}")
+    assert result["next"] == f"{sys.executable} -m pip install vllm==0.19.1"
+    assert result["facts"]["release"] == {"version": "0.19.1", "line": "0.17.1 - 0.19.1", "v100_from_index": True}
+
+
+@pytest.fixture(scope="module")
+def primary_wheel(built_sm70, real_project) -> Path:
+    """The wheel the README's first command packages (built against this environment's torch)."""
+    out = json.loads(real_project.run("package", "--arch", "sm_70", "--json").stdout)
+    return Path(out["wheel"])
+
+
+def test_vllm_0_19_1_from_the_index_is_ready_with_the_wheel(real_project, primary_index_files, primary_wheel, tmp_path):
+    """vLLM 0.19.1 as `pip install vllm==0.19.1` gives it (its wheel, this environment's torch
+    2.10.0+cu128): without fa2patch the next command builds and installs the wheel; with the wheel
+    the first command packages, ready."""
+    import torch
+
+    torch_site = Path(torch.__file__).parents[1]
+    python = env_with(tmp_path / "bare", torch_site, primary_index_files)
+    result = doctor(real_project, python)
+    c = checks(result)
+    assert c["vllm release"]["ok"] is True and "runs on 7.0 from the package index" in c["vllm release"]["detail"]
+    assert c["vllm kernels"]["ok"] is True and "sm_70" in result["facts"]["vllm"]["kernels"]["sm"]
+    assert c["torch pin"]["ok"] is True and result["facts"]["fa2_extension"]["sm"] == ["sm_80"]
+    assert result["verdict"] == "next" and f"build --arch sm_70 --python {python}" in result["next"]
+    plugin_site = tmp_path / "plugin"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(plugin_site), str(primary_wheel)],
+        check=True,
+        capture_output=True,
+    )
+    python = env_with(tmp_path / "ready", plugin_site, torch_site, primary_index_files)
+    result = doctor(real_project, python, rc=0)
+    assert result["verdict"] == "ready", result
+    assert result["facts"]["plugin"]["bundles_extension"] is True and result["facts"]["plugin"]["registered"] is True
+    assert checks(result)["vllm _vllm_fa2_C"]["ok"] is None  # vLLM's own (sm_80) is replaced by the wheel's
+
+
+def test_a_release_outside_the_matrix_is_refused_by_name(real_project, tmp_path):
+    site = tmp_path / "site"
+    info = site / "vllm-0.18.0.dist-info"
+    (site / "vllm").mkdir(parents=True)
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.18.0\nRequires-Dist: torch==2.10.0\n")
+    (info / "RECORD").write_text("")
+    import torch
+
+    python = env_with(tmp_path / "venv", site, Path(torch.__file__).parents[1])
+    result = doctor(real_project, python)
+    assert result["verdict"] == "cannot" and checks(result)["vllm release"]["ok"] is False
+    assert result["reason"] == (
+        "vLLM 0.18.0 is not a release fa2patch supports (0.19.1, 0.16.0, 0.33.0): the plugin refuses it"
+    )
+    assert "pip install vllm==0.19.1" in result["instead"]
 
 
 # --- a complete fake environment ----------------------------------------------------------------

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Packaging for vLLM, against the real source files of the tested vLLM release
-(packaging/vllm-release.toml, fetched through the package index; never copied here).
+"""Packaging for vLLM, against the real source files of every supported vLLM release
+(packaging/vllm-releases.toml, fetched through the package index by sha256; never copied here).
 
 - The wheel: its RECORD, its contents, and, installed into a fresh venv that reuses this venv's
   torch, the extension imports as vLLM imports it and its schemas verify.
-- The plugin, through vLLM's own plugin loader and gate functions (tests/vllm/vllm_gate_probe.py):
+- The plugin, through each release's own plugin loader and gate functions (tests/vllm/vllm_gate_probe.py):
   the three gates say yes on capability 7.0 only, other capabilities get vLLM's own answers,
-  and it refuses another torch or a foreign _vllm_fa2_C loaded first.
+  and it refuses another torch, a release its wheel was not made for, or a foreign _vllm_fa2_C
+  loaded first.
 - The --vllm-src tree, built by vLLM's real cmake/external_projects/vllm_flash_attn.cmake
   (clang route) and installed the way vLLM's setup.py installs it: the artifact verifies, its
   kernels are the ninja build's, and vLLM's interface imports it.
@@ -25,8 +26,13 @@ from pathlib import Path
 
 import pytest
 
+from fa2patch.common.project import Project
 from fa2patch.compile.verify import load_expected_schemas
+from fa2patch.vllm import releases
 from helpers import REPO, locked_toolchain, require_toolchain
+
+MATRIX = releases.load(Project(REPO))
+VERSIONS = MATRIX.versions()
 
 PROBE = Path(__file__).with_name("vllm_gate_probe.py")
 # The operators the extension must register: the list written down before any build.
@@ -202,26 +208,54 @@ print(json.dumps({"file": _vllm_fa2_C.__file__, "ops": ops,
     assert rows["varlen_fwd"] and rows["fwd_kvcache"] and rows["build_info"] and rows["rpath"]
 
 
-def test_plugin_lifts_the_three_gates_on_7_0_only(wheel_python, vllm_src, tmp_path):
+def made_for(wheel_python: Path, version: str):
+    """The installed wheel's build record, edited to list ``version`` among the releases it serves
+    (the wheel is built for the primary release's torch; the gates are the same code for all)."""
+    record = next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/build.json"))
+    data = json.loads(record.read_text())
+    if version not in data["vllm"]:
+        data["vllm"] = [*data["vllm"], version]
+        record.write_text(json.dumps(data))
+    return record
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plugin_lifts_the_three_gates_on_7_0_only(wheel_python, vllm_sources, version, tmp_path):
     """Wheel route: vLLM has its own FA2 extension (the fork stand-in) that does not serve 7.0."""
-    tree = vllm_tree(vllm_src, tmp_path / "vllm", standin=True)
+    tree = vllm_tree(vllm_sources(version), tmp_path / "vllm", standin=True)
     without, _ = probe(wheel_python, tree, "7.0,7.5,8.0,9.0", plugins=False)
     assert without["gates"] == {"7.0": NO, "7.5": NO, "8.0": YES, "9.0": YES}
-    assert without["extension"].endswith("vllm/vllm_flash_attn/_vllm_fa2_C.py")
-    on_v100, log = probe(wheel_python, tree, "7.0", plugins=True)
-    assert on_v100["gates"] == {"7.0": YES}
-    assert on_v100["extension"] == str(
-        next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/_vllm_fa2_C.abi3.so"))
-    )
-    assert log.count("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through") == 1
-    for cap in ("7.5", "8.0", "9.0"):
-        other, log = probe(wheel_python, tree, cap, plugins=True)
-        assert other["gates"] == {cap: without["gates"][cap]}, cap
-        assert other["extension"] == without["extension"] and "fa2patch-vllm" not in log
+    assert without["extension"].endswith("vllm/vllm_flash_attn/_vllm_fa2_C.py") and without["vllm"] == version
+    record = made_for(wheel_python, version)
+    saved = record.read_text()
+    try:
+        on_v100, log = probe(wheel_python, tree, "7.0", plugins=True)
+        assert on_v100["gates"] == {"7.0": YES}
+        assert on_v100["extension"] == str(
+            next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/_vllm_fa2_C.abi3.so"))
+        )
+        assert log.count("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through") == 1
+        for cap in ("7.5", "8.0", "9.0"):
+            other, log = probe(wheel_python, tree, cap, plugins=True)
+            assert other["gates"] == {cap: without["gates"][cap]}, cap
+            assert other["extension"] == without["extension"] and "fa2patch-vllm" not in log
+    finally:
+        record.write_text(saved)
 
 
-def test_plugin_refuses_another_torch_and_changes_nothing(wheel_python, vllm_src, tmp_path):
-    tree = vllm_tree(vllm_src, tmp_path / "vllm", standin=True)
+def test_the_wheel_serves_the_primary_release_and_refuses_another(wheel_python, vllm_sources, tmp_path):
+    record = next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/build.json"))
+    assert json.loads(record.read_text())["vllm"] == [MATRIX.primary.version]
+    other = next(v for v in VERSIONS if v != MATRIX.primary.version)
+    tree = vllm_tree(vllm_sources(other), tmp_path / "vllm", standin=True)
+    got, log = probe(wheel_python, tree, "7.0", plugins=True)
+    assert got["gates"] == {"7.0": NO} and got["extension"].endswith("_vllm_fa2_C.py")
+    assert "fa2patch-vllm is not activated" in log
+    assert f"vLLM {other} is not a release this wheel supports ({MATRIX.primary.version};" in log
+
+
+def test_plugin_refuses_another_torch_and_changes_nothing(wheel_python, vllm_sources, tmp_path):
+    tree = vllm_tree(vllm_sources(MATRIX.primary.version), tmp_path / "vllm", standin=True)
     record = next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/build.json"))
     saved = record.read_text()
     try:
@@ -235,10 +269,10 @@ def test_plugin_refuses_another_torch_and_changes_nothing(wheel_python, vllm_src
     assert "fa2patch-vllm is not activated" in log and "built for torch 2.8.0+cu126" in log
 
 
-def test_plugin_refuses_when_a_foreign_extension_is_already_loaded(wheel_python, vllm_src, tmp_path):
+def test_plugin_refuses_when_a_foreign_extension_is_already_loaded(wheel_python, vllm_sources, tmp_path):
     """The fork's library loaded before the plugin runs: loading ours would clash on the torch
     library name, so the plugin must step back (and the process must survive)."""
-    tree = vllm_tree(vllm_src, tmp_path / "vllm", standin=True)
+    tree = vllm_tree(vllm_sources(MATRIX.primary.version), tmp_path / "vllm", standin=True)
     sitecustomize = tmp_path / "early"
     sitecustomize.mkdir()
     (sitecustomize / "sitecustomize.py").write_text(
@@ -360,13 +394,15 @@ def test_vllm_src_route_gates(vllm_built_tree, vllm_src_package, tmp_path):
 # --- the GPU lab script, as far as a CPU goes ----------------------------------------------------
 
 
-def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, tmp_path):
-    """ci/gpu-vllm.sh: without a GPU `run` skips with exit 3; `collect` does the whole set-up and
-    finds vLLM's 160 FA2 fp16 cases and the 36 KV-view cases, with the extension imported by
-    vLLM's interface from vllm/vllm_flash_attn/."""
+@pytest.mark.parametrize("version", VERSIONS)
+def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_sources, version, built, tmp_path):
+    """ci/gpu-vllm.sh, per supported release: without a GPU `run` skips with exit 3; `collect` does
+    the whole set-up and finds vLLM's 160 FA2 fp16 cases and the 36 KV-view cases, with the extension
+    imported by vLLM's interface from vllm/vllm_flash_attn/."""
     import tarfile
 
-    archive = tmp_path / "vllm-src.tar.gz"
+    vllm_src = vllm_sources(version)
+    archive = tmp_path / f"vllm-src-{version}.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(vllm_src, arcname=vllm_src.name)
     env = {
@@ -385,7 +421,7 @@ def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_src, built, 
     collect = subprocess.run(["bash", *script, "collect"], env=env, capture_output=True, text=True)
     assert collect.returncode == 0, collect.stdout + collect.stderr
     assert "160 vLLM FA2 fp16 cases, 36 KV-view cases" in collect.stdout
-    summary = json.loads((tmp_path / "out" / "vllm-summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / f"vllm-summary-{version}.json").read_text())
     assert summary["imported_by_vllm_interface"] and summary["fa2patch_ops"]
 
 

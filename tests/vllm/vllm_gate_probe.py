@@ -24,7 +24,7 @@ def main() -> None:
     vllm_src, capabilities, plugins = sys.argv[1], sys.argv[2].split(","), "--plugins" in sys.argv
     caps = [tuple(map(int, c.split("."))) for c in capabilities]
     current = [caps[0]]  # plugins see the first one (vLLM loads them once per process)
-    vllm_stubs.install(vllm_src, lambda: current[0])
+    vllm_stubs.install(vllm_src, lambda: current[0], torch_cuda=True)
     from vllm.logger import _configure_vllm_root_logger
 
     _configure_vllm_root_logger()  # what vLLM's engine does at start (its LoggingConfig is stubbed)
@@ -32,6 +32,7 @@ def main() -> None:
         from vllm.plugins import load_general_plugins
 
         load_general_plugins()
+    import vllm
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backends import fa_utils
     from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
@@ -52,6 +53,7 @@ def main() -> None:
                 "gates": result,
                 "extension": getattr(extension, "__file__", None),
                 "fa2_available": flash_attn_interface.FA2_AVAILABLE,
+                "vllm": vllm.__version__,
             }
         )
     )

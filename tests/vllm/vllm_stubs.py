@@ -91,9 +91,11 @@ class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def install(vllm_src: str, capability) -> type:
+def install(vllm_src: str, capability, torch_cuda: bool = False) -> type:
     """Put vLLM's sources first on sys.path, install the stubs, and make the current platform a
-    CUDA platform whose ``get_device_capability`` calls ``capability()``. Returns its class."""
+    CUDA platform whose ``get_device_capability`` calls ``capability()``; with ``torch_cuda`` (a
+    GPU-less probe) torch.cuda.get_device_capability answers the same (vLLM 0.16.0's FA2 gate asks
+    torch, not the platform). Returns the platform's class."""
     sys.path.insert(0, vllm_src)
     sys.meta_path.insert(0, StubFinder())
     sys.modules.setdefault("regex", re)  # vllm.utils.import_utils: `import regex as re`
@@ -123,4 +125,6 @@ def install(vllm_src: str, capability) -> type:
             torch.cuda.manual_seed_all(seed)
 
     vllm.platforms._current_platform = StubCuda()
+    if torch_cuda:
+        torch.cuda.get_device_capability = lambda device=None: capability()
     return StubCuda

@@ -59,10 +59,10 @@ def doctor(ctx, vllm_python, as_json):
 
 
 def _doctor_vllm(ctx, python: str, as_json: bool) -> int:
+    from fa2patch.vllm import releases
     from fa2patch.vllm.doctor import diagnose
-    from fa2patch.vllm.sdist import vllm_release
 
-    result = diagnose(python, ctx.project.root, vllm_release(ctx.project))
+    result = diagnose(python, ctx.project.root, releases.load(ctx.project))
 
     def text():
         lines = [

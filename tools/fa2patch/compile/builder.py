@@ -129,6 +129,30 @@ def torch_for_build(python: str, arch: str, check_only: bool = False) -> tuple[d
     return {**torch, "python": str(python)}, reasons
 
 
+def math_headers(torch: dict, python: str) -> list[str]:
+    """-isystem flags for the headers of the CUDA math libraries torch pins (ATen's CUDA headers
+    include cuBLAS, cuSPARSE, cuSOLVER and cuRAND's), from the wheels of torch's own environment:
+    never from fa2patch's. A pinned library that is missing there, or installed in another version,
+    is an error naming both versions."""
+    flags = []
+    for lib in torch.get("cuda_libraries", []):
+        install = f"{python} -m pip install --no-deps {lib['dist']}=={lib['pin']}"
+        if lib["installed"] is None or lib["include"] is None:
+            raise EnvironmentProblem(
+                f"{python}: torch {torch['version']} pins {lib['dist']}=={lib['pin']}, which is not installed "
+                f"there (the extension compiles against its headers)\n  install: {install}"
+            )
+        if lib["installed"] != lib["pin"]:
+            raise EnvironmentProblem(
+                mismatch(
+                    lib["dist"], f"torch {torch['version']}'s environment ({python})", lib["pin"], lib["installed"]
+                )
+                + f"\n  install: {install}"
+            )
+        flags += ["-isystem", lib["include"]]
+    return flags
+
+
 @dataclass
 class Plan:
     """Everything the ninja file and the manifest say about one build."""
@@ -178,8 +202,11 @@ def plan(
             f"torch {torch['version']} uses CUDA {torch['cuda']}, the build CUDA {cuda} "
             f"(libcudart.so.{cuda.split('.')[0]})"
         )
+    if other_cuda:
+        reasons.append(f"the CUDA math libraries' headers are those of the CUDA {cuda} wheels, not torch's pins")
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
+    includes += [] if other_cuda else math_headers(torch, python)
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
     maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir, torch["python_include"])
@@ -346,7 +373,11 @@ def _manifest(desc, arch, tree, build_dir, p: Plan, artifact: Path, expected_dig
         "ptxas_version": toolchain.ptxas_version(p.ptxas) if p.ptxas and p.ptxas.exists() else "",
         "commands": {"cxx": p.cxx + p.cxx_flags, "cuda": p.cuda + p.cuda_flags, "link": p.link + p.link_flags},
         # The torch this build is for: verify loads it with that interpreter, package records it.
-        "torch": {k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python", "python_version")},
+        "torch": {
+            **{k: p.torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python", "python_version")},
+            # The CUDA math libraries torch pins, whose headers the build took from its environment.
+            "cuda_libraries": p.torch.get("cuda_libraries", []),
+        },
         # Not None: this torch cannot run the build (why), built only to check it; package refuses it.
         "check_only": p.check_only,
         "source_tree_digest": digest,

@@ -6,16 +6,43 @@ environment's interpreter, and the `--vllm-src` tree's CMakeLists.txt runs it at
 Prints JSON, or with an argument writes the same facts as CMake `set()` commands to that file.
 """
 
+import importlib.metadata
 import json
 import os
+import re
 import sys
 import sysconfig
 
 import torch
 from torch.utils import cpp_extension
 
+# The CUDA math libraries whose headers ATen's CUDA headers include: the build compiles against the
+# versions this torch pins (its Requires-Dist), from this environment's wheels.
+MATH_LIBRARIES = ("cublas", "cusparse", "cusolver", "curand")
+
+
+def cuda_libraries(site_packages: str) -> list[dict]:
+    """Per math library torch pins: the distribution, the pinned and the installed version, and
+    the include folder of the installed wheel (None where absent)."""
+    out = []
+    for req in importlib.metadata.requires("torch") or []:
+        m = re.match(r"(nvidia-(\w+?)(-cu\d+)?)\s*==\s*([\w.]+)", req)
+        if not m or m.group(2) not in MATH_LIBRARIES:
+            continue
+        dist, name, pin = m.group(1), m.group(2), m.group(4)
+        try:
+            installed = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            installed = None
+        include = os.path.join(site_packages, "nvidia", name, "include")
+        out.append(
+            {"dist": dist, "pin": pin, "installed": installed, "include": include if os.path.isdir(include) else None}
+        )
+    return out
+
 
 def facts() -> dict:
+    site_packages = os.path.dirname(os.path.dirname(torch.__file__))
     return {
         "version": torch.__version__,
         "cuda": torch.version.cuda,
@@ -25,7 +52,8 @@ def facts() -> dict:
         "include": cpp_extension.include_paths(),
         "lib": cpp_extension.library_paths(),
         "cxx11_abi": int(torch._C._GLIBCXX_USE_CXX11_ABI),
-        "site_packages": os.path.dirname(os.path.dirname(torch.__file__)),
+        "site_packages": site_packages,
+        "cuda_libraries": cuda_libraries(site_packages),
         "python": sys.executable,
         "python_version": sysconfig.get_python_version(),
         "python_include": sysconfig.get_paths()["include"],
@@ -38,7 +66,11 @@ def cmake(f: dict) -> str:
         return " ".join('"' + str("" if i is None else i).replace("\\", "/").replace('"', '\\"') + '"' for i in items)
 
     return (
-        "".join(f"set(FA2PATCH_TORCH_{k.upper()} {value(v)})\n" for k, v in f.items() if not k.startswith("python"))
+        "".join(
+            f"set(FA2PATCH_TORCH_{k.upper()} {value(v)})\n"
+            for k, v in f.items()
+            if not k.startswith("python") and k != "cuda_libraries"
+        )
         + f"set(FA2PATCH_PYTHON_INCLUDE {value(f['python_include'])})\n"
     )
 

@@ -177,14 +177,34 @@ EXPECTED_KV_VIEWS = 2 * 3 * 3 * 2
 FP16_ONLY = ("DTYPES = [torch.bfloat16]\n", "DTYPES = [torch.float16]\n")
 
 
-def vllm_prepare(archive: Path) -> str:
-    """Write ``archive`` (.tar.gz): the tested vLLM release's Python sources and VLLM_LAB_FILES, from
-    its sha256-pinned sdist (fetched through the package index). Returns a line saying what."""
-    from fa2patch.common.project import Project
-    from fa2patch.vllm.package import extract_vllm_sources
+# The releases the lab runs vLLM's FA2 test for by default: the primary one and the source-build one.
+SOURCE_BUILD_RELEASE = "0.33.0"
 
+
+def vllm_versions() -> list[str]:
+    """The primary release and the source-build release (packaging/vllm-releases.toml)."""
+    from fa2patch.common.project import Project
+    from fa2patch.vllm import releases
+
+    matrix = releases.load(Project.find())
+    return list(dict.fromkeys([matrix.primary.version, SOURCE_BUILD_RELEASE]))
+
+
+def vllm_prepare(archive: Path, version: str) -> str:
+    """Write ``archive`` (.tar.gz): a supported vLLM release's Python sources and VLLM_LAB_FILES, from
+    its sha256-pinned sdist (fetched through the package index). Returns a line saying what."""
+    from fa2patch.common.errors import EnvironmentProblem
+    from fa2patch.common.project import Project
+    from fa2patch.vllm import releases
+    from fa2patch.vllm.sdist import extract_vllm_sources
+
+    project = Project.find()
+    matrix = releases.load(project)
+    release = matrix.get(version)
+    if release is None:
+        raise EnvironmentProblem(f"vLLM {version}: not in {matrix.path} (supported: {', '.join(matrix.versions())})")
     with tempfile.TemporaryDirectory() as tmp:
-        src = extract_vllm_sources(Project.find(), Path(tmp), VLLM_LAB_FILES)
+        src = extract_vllm_sources(project, Path(tmp), VLLM_LAB_FILES, release)
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(src, arcname=src.name)
     return f"[vllm] {archive}: {archive.stat().st_size / 2**20:.1f} MiB ({src.name})"
@@ -298,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sanitize-summary", help="write the summary of a results file; exit 0 iff every run is clean")
     p.add_argument("results", type=Path)
     p.add_argument("summary", type=Path)
+    sub.add_parser("vllm-versions", help="print the vLLM releases the lab tests by default")
     p = sub.add_parser("vllm-prepare", help="write the vLLM source archive the lab carries (needs the network)")
     p.add_argument("archive", type=Path)
+    p.add_argument("--release", required=True, help="a version of packaging/vllm-releases.toml")
     p = sub.add_parser("vllm-fp16-test", help="copy vLLM's test_flash_attn.py with DTYPES = [torch.float16]")
     p.add_argument("source", type=Path)
     p.add_argument("dest", type=Path)
@@ -342,8 +364,10 @@ def main(argv: list[str] | None = None) -> int:
         print("[sanitize] clean runs:", sum(r["verdict"] == "clean" for r in summary["runs"]))
         print("[sanitize] runs:", len(summary["runs"]))
         return 0 if summary["clean"] else 1
+    elif args.command == "vllm-versions":
+        print(" ".join(vllm_versions()))
     elif args.command == "vllm-prepare":
-        print(vllm_prepare(args.archive))
+        print(vllm_prepare(args.archive, args.release))
     elif args.command == "vllm-fp16-test":
         args.dest.write_text(fp16_only(args.source.read_text(), str(args.source)))
     elif args.command == "shell-words":  # LAB_PYTEST_ARGS="-k 'a or b'" keeps its quoted words

@@ -18,6 +18,8 @@ from fa2patch.model import sass_mix
 from fa2patch.model.loop_mix import access_passes
 from fa2patch.peers import compile as peer_compile
 
+# The vLLM release whose TRITON_ATTN kernels the recorded data are of (packaging/vllm-releases.toml).
+PEER_VLLM = "0.33.0"
 # Where the data came from (recorded in its [source] table).
 TRITON_PIN = (
     "vLLM 0.33.0 pins torch==2.14.0 (requirements/cuda.txt); torch 2.14.0's wheel METADATA: "
@@ -75,12 +77,15 @@ def analyse(cubin: Path, ptxas_log: str, cuobjdump: Path) -> dict:
 def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
     """Compile every variant with ``python`` (an environment with vLLM's Triton) and read it."""
     from fa2patch.common.project import Project
-    from fa2patch.vllm.sdist import extract_vllm_sources, vllm_release
+    from fa2patch.vllm import releases
+    from fa2patch.vllm.sdist import extract_vllm_sources
 
     project = Project.find()
-    release = vllm_release(project)
+    release = releases.load(project).get(PEER_VLLM)
+    if release is None:
+        raise EnvironmentProblem(f"vLLM {PEER_VLLM}, whose TRITON_ATTN is the peer, is not in {releases.MATRIX}")
     if vllm_src is None:
-        vllm_src = extract_vllm_sources(project, out_dir / "vllm")
+        vllm_src = extract_vllm_sources(project, out_dir / "vllm", release=release)
     subprocess.run(
         [str(python), str(Path(peer_compile.__file__)), "--vllm-src", str(vllm_src), "--out", str(out_dir)],
         check=True,
@@ -110,8 +115,8 @@ def extract(python: Path, out_dir: Path, vllm_src: Path | None = None) -> dict:
         variants[name] = var
     return {
         "source": {
-            "vllm": release["version"],
-            "vllm_sdist_sha256": release["sha256"],
+            "vllm": release.version,
+            "vllm_sdist_sha256": release.sdist.sha256,
             "vllm_files": [f"vllm/v1/attention/ops/{m}.py" for m in peer_compile.MODULES]
             + ["vllm/v1/attention/backends/triton_attn.py"],
             "triton": compiled["triton"],

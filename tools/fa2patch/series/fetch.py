@@ -7,6 +7,8 @@ simple repository API (PEP 691 JSON, or the PEP 503 HTML page). Nothing is used 
 sha256 and size match baseline.lock; verified archives are cached in the user's cache folder.
 """
 
+import hashlib
+import io
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urldefrag, urljoin
@@ -219,3 +222,61 @@ def _stream(url: str, dest: Path, size: int, context, quiet: bool) -> None:
             while chunk := resp.read(1 << 20):
                 out.write(chunk)
                 bar.update(len(chunk))
+
+
+class _RangedFile:
+    """A remote file read with HTTP Range requests, for zipfile: reading one member of a large
+    wheel fetches its central directory and that member, not the whole file."""
+
+    def __init__(self, url: str, size: int, context):
+        self.url, self.size, self.context, self.pos = url, size, context, 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence] + offset
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self.pos + n)
+        if end <= self.pos:
+            return b""
+        req = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end - 1}"})
+        with urllib.request.urlopen(req, timeout=120, context=self.context) as resp:
+            if getattr(resp, "status", 206) != 206:
+                raise EnvironmentProblem(f"{self.url}: the server does not serve byte ranges (HTTP {resp.status})")
+            data = resp.read()
+        self.pos += len(data)
+        return data
+
+
+def fetch_pinned_member(project: str, filename: str, size: int, member: str, sha256: str) -> bytes:
+    """One file of a release wheel on the package index (``filename`` of ``project``, ``size``
+    bytes), read through byte ranges and cached; refused unless its sha256 is ``sha256``."""
+    target = user_cache_dir() / "members" / filename / member
+    if target.exists() and sha256_file(target) == sha256:
+        return target.read_bytes()
+    context = _ssl_context()
+    problems = []
+    for index in pip_index_urls():
+        try:
+            url, _ = find_in_index(index, project, filename, context)
+        except (OSError, urllib.error.URLError, ValueError, KeyError) as exc:
+            problems.append(f"{index}: {exc}")
+            continue
+        try:
+            with zipfile.ZipFile(_RangedFile(url, size, context)) as wheel:  # type: ignore[arg-type]
+                data = wheel.read(member)
+        except (OSError, urllib.error.URLError, zipfile.BadZipFile, KeyError) as exc:
+            raise EnvironmentProblem(f"{url}: cannot read {member}: {exc}") from exc
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != sha256:
+            raise CheckFailed(mismatch("sha256", f"{url}!{member}", sha256, actual))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return data
+    raise EnvironmentProblem(f"{filename}: not found in any configured package index:\n  " + "\n  ".join(problems))

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """`fa2patch doctor --vllm PYTHON`: can the vLLM of that environment run FlashAttention-2 on a
-V100 with fa2patch, and what is the next step (README: "V100 with vLLM 0.33, from zero").
+V100 with fa2patch, and what is the next step. Which release it is, whether that release runs on
+7.0 from the package index, and the path for it come from packaging/vllm-releases.toml (README:
+"V100 from the package index" for 0.16.0 and 0.19.1, "V100 with vLLM 0.33, from zero" for 0.20+).
 
 Read from the environment (tools/fa2patch/vllm/env_query.py, run by PYTHON; vLLM is never
 imported): vLLM's version, the torch it pins, how it was installed (PEP 610 direct_url.json:
@@ -19,12 +21,14 @@ from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.compile import toolchain
+from fa2patch.vllm.releases import Matrix
 
 V100 = "sm_70"
 TORCH_CU126 = "--index-url https://download.pytorch.org/whl/cu126"  # PyTorch's CUDA 12.6 builds
 FA2PATCH_MARK = b"build_info() -> str"  # the schema only fa2patch's _vllm_fa2_C registers
 QUERY = Path(__file__).with_name("env_query.py")
 README = 'README.md, "V100 with vLLM 0.33, from zero"'
+README_INDEX = 'README.md, "V100 from the package index"'
 
 
 @dataclass
@@ -87,15 +91,37 @@ def _ver(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
 
 
-def diagnose(python: str, project_root: Path, release: dict) -> dict:
+def diagnose(python: str, project_root: Path, matrix: Matrix) -> dict:
     """The checks, the verdict ("ready", "next" or "cannot"), and the next command or the reason."""
     env = query(python)
     py = shlex.quote(python)
     # The README's set-up makes <project>/.venv/bin/fa2patch; elsewhere the command on PATH.
     fa2patch = str(project_root / ".venv" / "bin" / "fa2patch")
     fa2patch = fa2patch if Path(fa2patch).exists() else "fa2patch"
-    checks, facts = [], {"python": python, "tested_vllm": release["version"]}
     vllm, torch, plugin = env["vllm"], env["torch"], env["plugin"]
+    supported = ", ".join(matrix.versions())
+    found = matrix.get(vllm["version"]) if vllm else None
+    # The release this environment is (or, without vLLM, the one its torch suits, else the primary).
+    matched = matrix.for_torch(torch["version"]) if "error" not in torch else []
+    target = found or (None if vllm else (matched[0] if matched else matrix.primary))
+    release = {"version": target.version, "torch": target.torch} if target else {"version": "?", "torch": None}
+    checks, facts = [], {"python": python, "supported_vllm": matrix.versions()}
+    if vllm:
+        checks.append(
+            Check(
+                "vllm release",
+                found is not None,
+                f"{vllm['version']}: "
+                + (
+                    f"supported (line {found.line}); "
+                    + ("runs on 7.0 from the package index" if found.v100_from_index else "a source build for 7.0")
+                    if found
+                    else f"not a release fa2patch supports ({supported}); the plugin refuses it"
+                ),
+            )
+        )
+    if target:
+        facts["release"] = {"version": target.version, "line": target.line, "v100_from_index": target.v100_from_index}
 
     # torch
     torch_ok = "error" not in torch
@@ -114,7 +140,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
         checks.append(Check("torch", False, f"not importable: {torch['error']}"))
 
     # vLLM
-    pin = torch_pin(vllm["requires"]) if vllm else release.get("torch")
+    pin = torch_pin(vllm["requires"]) if vllm else release["torch"]
     kernels = None
     ext: str | None = None  # vLLM's largest compiled extension
     if vllm:
@@ -156,7 +182,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
             Check(
                 "vllm",
                 None,
-                f"not installed (fa2patch is tested with vLLM {release['version']}, which pins torch=={pin})",
+                f"not installed (vLLM {release['version']}, a supported release, pins torch=={pin})",
             )
         )
         if torch_ok:
@@ -164,7 +190,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
                 Check(
                     "torch pin",
                     torch["version"].split("+")[0] == pin,
-                    f"vLLM {release['version']} (tested) pins torch=={pin}; this environment has {torch['version']}",
+                    f"vLLM {release['version']} (supported) pins torch=={pin}; this environment has {torch['version']}",
                 )
             )
 
@@ -175,11 +201,13 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
         ours = FA2PATCH_MARK in Path(fa2).read_bytes()
         fa2_archs = architectures(fa2)
         facts["fa2_extension"] = {"file": fa2, "fa2patch": ours, **fa2_archs}
+        replaced = not ours and bool(((plugin or {}).get("build") or {}).get("bundles_extension"))
         checks.append(
             Check(
                 "vllm _vllm_fa2_C",
-                ours and runs_on(fa2_archs),
-                f"{'fa2patch' if ours else 'vLLM'}'s ({' '.join(fa2_archs['sm']) or 'no machine code'})",
+                None if replaced else ours and runs_on(fa2_archs),
+                f"{'fa2patch' if ours else 'vLLM'}'s ({' '.join(fa2_archs['sm']) or 'no machine code'})"
+                + ("; the plugin's bundled extension is the one vLLM imports" if replaced else ""),
             )
         )
 
@@ -236,7 +264,8 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
         checks.append(Check("fa2patch plugin", None, "not installed"))
 
     # The verdict: the first thing that blocks, in the order of the README's path.
-    cu126 = f"{py} -m pip install torch=={pin or release.get('torch')} {TORCH_CU126}"
+    cu126 = f"{py} -m pip install torch=={pin or release['torch']} {TORCH_CU126}"
+    from_index = f"python3.12 -m venv ~/vllm-v100 && ~/vllm-v100/bin/pip install vllm=={matrix.primary.version}"
     wheel_route = (
         f"{fa2patch} build --arch sm_70 --python {py} && {fa2patch} verify --arch sm_70 && "
         f"{fa2patch} package --arch sm_70 && {py} -m pip install --no-deps --force-reinstall "
@@ -244,15 +273,26 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
     )
     plugin_only = f"{py} -m pip install --no-deps {project_root}/dist/fa2patch_vllm-0.1.0-py3-none-any.whl"
     verdict: tuple[str, str, str | None] | None = None
-    if vllm and ext and kernels is not None and not runs_on(kernels):
+    if vllm and found is None:
+        verdict = (
+            "cannot",
+            f"vLLM {vllm['version']} is not a release fa2patch supports ({supported}): the plugin refuses it",
+            f"vLLM {matrix.primary.version}, the newest release a V100 runs from the package index, in a new "
+            f"environment: {from_index} ({README_INDEX}); for vLLM 0.20 and newer: {README}",
+        )
+    elif vllm and ext and kernels is not None and not runs_on(kernels):
         verdict = (
             "cannot",
             f"vLLM {vllm['version']} here was installed {how}, and its kernels "
             f"({Path(ext).name}: {' '.join(kernels['sm'])}) carry no {V100}: it cannot run on a V100 "
-            "(no index install of vLLM 0.33 does)"
+            "(no index install of vLLM 0.20 or newer does)"
             + (f"; its torch {torch['version']} has no {V100} either" if torch_ok and not torch_sm70 else ""),
-            f"build vLLM from source for 7.0 in a new environment: {README}",
+            f"vLLM {matrix.primary.version} from the package index in a new environment: {from_index} "
+            f"({README_INDEX}); or vLLM {vllm['version']} built from source for 7.0: {README}",
         )
+    elif not vllm and target is not None and target.v100_from_index and (not torch_ok or torch_sm70):
+        # README "V100 from the package index": vLLM from the index brings the torch it pins.
+        verdict = ("next", f"{py} -m pip install vllm=={target.version}", None)
     elif not torch_ok:
         verdict = ("next", f"install the torch vLLM needs, a build with {V100}: {cu126}", None)
     elif not torch_sm70:
@@ -273,7 +313,7 @@ def diagnose(python: str, project_root: Path, release: dict) -> dict:
         if torch["version"].split("+")[0] != pin:
             verdict = (
                 "next",
-                f"{cu126}  (vLLM {release['version']}, the release fa2patch is tested with, "
+                f"{cu126}  (vLLM {release['version']}, a supported release built from source, "
                 f"pins torch=={pin}; this environment has {torch['version']})",
                 None,
             )

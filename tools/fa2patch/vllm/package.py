@@ -35,10 +35,7 @@ from fa2patch.compile import builder as build
 from fa2patch.compile.description import BuildDescription
 from fa2patch.compile.toolchain import TORCH_QUERY
 from fa2patch.series import gitws
-
-# The tested vLLM release's facts and sources live in vllm_sdist; re-exported here for the callers that
-# import them from package (ci/gpu-vllm.sh, tests/conftest.py).
-from fa2patch.vllm.sdist import extract_vllm_sources, vllm_release  # noqa: F401
+from fa2patch.vllm import releases
 
 DIST = "fa2patch_vllm"  # distribution and import name
 ENTRY_POINTS = "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register\n"
@@ -182,9 +179,18 @@ def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list, works
             + "\n  ".join(f"{r.name}: {r.detail.splitlines()[0]}" for r in failed)
         )
     torch = manifest["torch"]
+    matrix = releases.load(project)
+    supported = [r.version for r in matrix.for_torch(torch["version"])]
+    if not supported:
+        raise CheckFailed(
+            f"{project.build_dir(arch) / 'manifest.json'}: torch {torch['version']} is the torch of no supported "
+            f"vLLM release\n  expected: one of {', '.join(f'{r.torch} (vLLM {r.version})' for r in matrix.releases)} "
+            f"({matrix.path})\n  actual:   {torch['version']} ({torch['python']})"
+        )
     record = {
         "bundles_extension": True,
         "fa2patch": __version__,
+        "vllm": supported,  # the plugin refuses any other vLLM release
         "arch": arch,
         "torch": {k: torch[k] for k in ("version", "cuda", "cxx11_abi", "arch_list", "python_version")},
         "extension_sha256": manifest["artifact"]["sha256"],
@@ -213,7 +219,12 @@ def wheel(project: Project, arch: str, out_dir: Path, verified_rows: list, works
 
 def plugin_wheel(project: Project, out_dir: Path, source_digest: str) -> Path:
     """The plugin alone, for a vLLM that built fa2patch's extension itself (--vllm-src)."""
-    record = {"bundles_extension": False, "fa2patch": __version__, "source_tree_digest": source_digest}
+    record = {
+        "bundles_extension": False,
+        "fa2patch": __version__,
+        "vllm": releases.load(project).versions(),  # vLLM built from fa2patch's tree: any supported release
+        "source_tree_digest": source_digest,
+    }
     files = {**plugin_files(project), f"{DIST}/build.json": (json.dumps(record, indent=1) + "\n").encode()}
     return write_wheel(
         out_dir,

@@ -1,32 +1,26 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The vLLM release fa2patch is tested with (packaging/vllm-release.toml): its facts
-(``vllm_release``) and its Python sources from its sha256-pinned sdist (``extract_vllm_sources``),
-for `package --vllm-src`, `doctor --vllm`, the peer model's extraction and the tests."""
+"""A supported vLLM release's Python sources (``extract_vllm_sources``): its sha256-pinned sdist
+from the package index, plus the Python files the sdist lacks, read from the release's wheel and
+checked one by one (packaging/vllm-releases.toml, ``wheel_files``). For `package --vllm-src`, the
+peer model's extraction, the tests and the GPU lab."""
 
 import tarfile
-import tomllib
 from pathlib import Path
 
-from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.project import Project
-from fa2patch.series.fetch import fetch_pinned
+from fa2patch.series.fetch import fetch_pinned, fetch_pinned_member
+from fa2patch.vllm import releases
+from fa2patch.vllm.releases import Release
 
 
-def vllm_release(project: Project) -> dict:
-    """The tested vLLM release (packaging/vllm-release.toml)."""
-    path = project.root / "packaging" / "vllm-release.toml"
-    try:
-        return tomllib.loads(path.read_text())["vllm"]
-    except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
-        raise EnvironmentProblem(f"{path}: cannot read the tested vLLM release: {exc}") from exc
-
-
-def extract_vllm_sources(project: Project, dest: Path, extra: tuple[str, ...] = ()) -> Path:
-    """The tested vLLM release's Python package (and ``extra`` files of its source tree) at
-    ``dest``/vllm-<version>, from its sdist fetched through the package index."""
-    release = vllm_release(project)
-    sdist = fetch_pinned("vllm", release["sdist"], release["sha256"], release["size"])
-    top = f"vllm-{release['version']}"
+def extract_vllm_sources(
+    project: Project, dest: Path, extra: tuple[str, ...] = (), release: Release | None = None
+) -> Path:
+    """The release's Python package (default: the primary release; and ``extra`` files of its
+    source tree) at ``dest``/vllm-<version>, from its sdist fetched through the package index."""
+    release = release or releases.load(project).primary
+    sdist = fetch_pinned("vllm", release.sdist.file, release.sdist.sha256, release.sdist.size)
+    top = f"vllm-{release.version}"
     wanted = (f"{top}/vllm/", *(f"{top}/{e}" for e in extra))
     with tarfile.open(sdist) as tar:
         members = [
@@ -35,4 +29,10 @@ def extract_vllm_sources(project: Project, dest: Path, extra: tuple[str, ...] = 
             if m.isfile() and m.name.startswith(wanted) and (m.name.endswith(".py") or m.name in wanted)
         ]
         tar.extractall(dest, members=members, filter="data")
+    for member, sha256 in release.wheel_files.items():
+        assert release.wheel is not None  # releases.load pairs them
+        data = fetch_pinned_member("vllm", release.wheel.file, release.wheel.size, member, sha256)
+        target = dest / top / member
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     return dest / top
