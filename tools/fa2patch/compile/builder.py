@@ -206,7 +206,9 @@ def plan(
         reasons.append(f"the CUDA math libraries' headers are those of the CUDA {cuda} wheels, not torch's pins")
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
     includes = [f"-I{tree / d}" for d in desc.include_dirs]
-    includes += [] if other_cuda else math_headers(torch, python)
+    # The clang route's CUDA folder is made of wheels: the math libraries' headers come from torch's own
+    # environment, at its pins. nvcc's toolkit has its own (the lab's CUDA 13 build).
+    includes += math_headers(torch, python) if comp.kind == "clang" and not other_cuda else []
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
     maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir, torch["python_include"])
