@@ -49,6 +49,7 @@ def licence_files(info: str, entries: dict[str, bytes]) -> dict[str, bytes]:
 def project(tmp_path) -> Project:
     root = tmp_path / "proj"
     shutil.copytree(REPO / "packaging" / package.DIST, root / "packaging" / package.DIST)
+    shutil.copy(REPO / "packaging" / "vllm-releases.toml", root / "packaging" / "vllm-releases.toml")
     for name in ("LICENSE", "NOTICE"):
         shutil.copy(REPO / name, root / name)
     return Project(root)

@@ -226,8 +226,9 @@ def test_plugin_lifts_the_three_gates_on_7_0_only(wheel_python, vllm_sources, ve
     without, _ = probe(wheel_python, tree, "7.0,7.5,8.0,9.0", plugins=False)
     assert without["gates"] == {"7.0": NO, "7.5": NO, "8.0": YES, "9.0": YES}
     assert without["extension"].endswith("vllm/vllm_flash_attn/_vllm_fa2_C.py") and without["vllm"] == version
-    record = made_for(wheel_python, version)
+    record = next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/build.json"))
     saved = record.read_text()
+    made_for(wheel_python, version)
     try:
         on_v100, log = probe(wheel_python, tree, "7.0", plugins=True)
         assert on_v100["gates"] == {"7.0": YES}
