@@ -226,6 +226,17 @@ class _C:
 KERNEL = "__global__ void scale(float* x, float a) { x[threadIdx.x] *= a; }\n"
 
 
+def fake_torch_site(site: Path, include: list[str], lib: list[str]) -> Path:
+    """A site-packages folder whose torch is the FAKE_TORCH stand-in with these include and library paths."""
+    (site / "torch" / "utils").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (site / "torch" / "utils" / "__init__.py").write_text("")
+    (site / "torch" / "utils" / "cpp_extension.py").write_text(
+        f"def include_paths():\n    return {include!r}\ndef library_paths():\n    return {lib!r}\n"
+    )
+    return site
+
+
 def fake_vllm(site: Path, fa2_extension: Path, cuda_path: Path) -> None:
     """vLLM 0.33.0 built from source for 7.0 (pip install -e . in /src/vllm): its metadata, a kernel
     library compiled for sm_70 as vllm/_C.abi3.so, and fa2patch's _vllm_fa2_C where vLLM's build
@@ -267,13 +278,7 @@ def fake_site(built_sm70, real_project, tmp_path_factory) -> Path:
     from fa2patch.compile import toolchain
 
     root = tmp_path_factory.mktemp("fake-env")
-    site = root / "site"
-    (site / "torch" / "utils").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    (site / "torch" / "utils" / "__init__.py").write_text("")
-    (site / "torch" / "utils" / "cpp_extension.py").write_text(
-        "def include_paths():\n    return ['/opt/torch/include']\ndef library_paths():\n    return ['/opt/torch/lib']\n"
-    )
+    site = fake_torch_site(root / "site", ["/opt/torch/include"], ["/opt/torch/lib"])
     cuda = toolchain.assemble_cuda_path(root / "cuda", locked_toolchain())
     fake_vllm(site, built_sm70 / "_vllm_fa2_C.abi3.so", cuda)
     out = json.loads(
@@ -353,13 +358,7 @@ def test_without_the_plugin_the_next_command_installs_it(real_project, fake_site
 )
 def test_a_source_build_needs_nvcc_below_12_8(real_project, tmp_path, release, archs, expected):
     """torch 2.14.0 with sm_70 (the stand-in), no vLLM yet: the next step depends on nvcc."""
-    site = tmp_path / "site"
-    (site / "torch" / "utils").mkdir(parents=True)
-    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
-    (site / "torch" / "utils" / "__init__.py").write_text("")
-    (site / "torch" / "utils" / "cpp_extension.py").write_text(
-        "def include_paths():\n    return []\ndef library_paths():\n    return []\n"
-    )
+    site = fake_torch_site(tmp_path / "site", [], [])
     python = fake_python(tmp_path, site)
     result = doctor(real_project, python, fake_nvcc(tmp_path, release, archs))
     assert result["verdict"] == "next" and expected in checks(result)["nvcc"]["detail"]

@@ -25,7 +25,11 @@ def cuda_libraries(site_packages: str) -> list[dict]:
     """Per math library torch pins: the distribution, the pinned and the installed version, and
     the include folder of the installed wheel (None where absent)."""
     out = []
-    for req in importlib.metadata.requires("torch") or []:
+    try:
+        requires = importlib.metadata.requires("torch") or []
+    except importlib.metadata.PackageNotFoundError:  # a torch without installed metadata: no pins to read
+        requires = []
+    for req in requires:
         m = re.match(r"(nvidia-(\w+?)(-cu\d+)?)\s*==\s*([\w.]+)", req)
         if not m or m.group(2) not in MATH_LIBRARIES:
             continue
