@@ -269,7 +269,7 @@ def fetch_pinned_member(project: str, filename: str, size: int, member: str, sha
             problems.append(f"{index}: {exc}")
             continue
         try:
-            with zipfile.ZipFile(_RangedFile(url, size, context)) as wheel:  # type: ignore[arg-type]
+            with zipfile.ZipFile(_RangedFile(url, size, context)) as wheel:
                 data = wheel.read(member)
         except (OSError, urllib.error.URLError, zipfile.BadZipFile, KeyError) as exc:
             raise EnvironmentProblem(f"{url}: cannot read {member}: {exc}") from exc

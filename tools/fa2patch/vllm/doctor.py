@@ -18,6 +18,7 @@ import shlex
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.compile import toolchain
@@ -105,7 +106,8 @@ def diagnose(python: str, project_root: Path, matrix: Matrix) -> dict:
     matched = matrix.for_torch(torch["version"]) if "error" not in torch else []
     target = found or (None if vllm else (matched[0] if matched else matrix.primary))
     release = {"version": target.version, "torch": target.torch} if target else {"version": "?", "torch": None}
-    checks, facts = [], {"python": python, "supported_vllm": matrix.versions()}
+    checks: list[Check] = []
+    facts: dict[str, Any] = {"python": python, "supported_vllm": matrix.versions()}
     if vllm:
         checks.append(
             Check(
