@@ -80,6 +80,35 @@ def register() -> None:
     patch_when_imported(BACKEND, lift_backend_gate)
     _active = True
     logger.info("fa2patch-vllm: FlashAttention-2 on compute capability 7.0 through %s", source)
+    register_v100_backend()
+
+
+BACKEND_SWITCH = "FA2PATCH_VLLM_BACKEND"
+V100_BACKEND = "fa2patch_vllm.backend.V100FlashAttentionBackend"
+
+
+def register_v100_backend() -> bool:
+    """FLASH_ATTN's class becomes fa2patch's V100 backend (backend.py: each long prefill chunk of a
+    batch in a call of its own), through vLLM's own registry; FA2PATCH_VLLM_BACKEND=0 keeps vLLM's
+    class (its gates still lifted)."""
+    import os
+
+    switch = os.environ.get(BACKEND_SWITCH, "1")
+    if switch not in ("0", "1"):
+        logger.error(
+            'fa2patch-vllm: %s must be unset, "0" or "1"; got %r: vLLM\'s FLASH_ATTN backend stays as it is',
+            BACKEND_SWITCH,
+            switch,
+        )
+        return False
+    if switch == "0":
+        logger.info("fa2patch-vllm: %s=0: vLLM's own FLASH_ATTN backend, one call per batch", BACKEND_SWITCH)
+        return False
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.FLASH_ATTN, V100_BACKEND)
+    logger.info("fa2patch-vllm: FLASH_ATTN is %s on 7.0 (long prefill chunks of a batch on their own)", V100_BACKEND)
+    return True
 
 
 def vllm_release() -> str:

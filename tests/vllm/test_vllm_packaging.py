@@ -93,9 +93,9 @@ def vllm_tree(vllm_src: Path, dest: Path, extension: Path | None = None, standin
     return dest
 
 
-def probe(python: Path, tree: Path, caps: str, plugins: bool, env=None) -> tuple[dict, str]:
+def probe(python: Path, tree: Path, caps: str, plugins: bool, env=None, extra=()) -> tuple[dict, str]:
     proc = subprocess.run(
-        [str(python), str(PROBE), str(tree), caps, *(["--plugins"] if plugins else [])],
+        [str(python), str(PROBE), str(tree), caps, *(["--plugins"] if plugins else []), *extra],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -242,6 +242,52 @@ def test_plugin_lifts_the_three_gates_on_7_0_only(wheel_python, vllm_sources, ve
             assert other["extension"] == without["extension"] and "fa2patch-vllm" not in log
     finally:
         record.write_text(saved)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_v100_backend_is_flash_attn_on_7_0_only(wheel_python, vllm_sources, version, tmp_path):
+    """vLLM's registry resolves FLASH_ATTN to fa2patch's V100 backend on 7.0 (the plugin registers
+    it there only), vLLM's class elsewhere; its segments restrict the release's own metadata."""
+    tree = vllm_tree(vllm_sources(version), tmp_path / "vllm", standin=True)
+    record = next(wheel_python.parents[1].glob("lib/python*/site-packages/fa2patch_vllm/build.json"))
+    saved = record.read_text()
+    made_for(wheel_python, version)
+    try:
+        on_v100, log = probe(wheel_python, tree, "7.0", plugins=True, extra=["--backend"])
+        off, off_log = probe(
+            wheel_python, tree, "7.0", plugins=True, extra=["--backend"], env={"FA2PATCH_VLLM_BACKEND": "0"}
+        )
+        others = {cap: probe(wheel_python, tree, cap, plugins=True, extra=["--backend"])[0] for cap in ("8.0", "9.0")}
+    finally:
+        record.write_text(saved)
+    ours = on_v100["backend"]
+    assert ours["path"] == "fa2patch_vllm.backend.V100FlashAttentionBackend" and ours["supports_capability"]
+    assert ours["cudagraph_support"] == "UNIFORM_BATCH" and ours["reorder_batch_threshold"] == 1
+    assert "FLASH_ATTN is fa2patch_vllm.backend.V100FlashAttentionBackend on 7.0" in log
+    # The batch (2 decodes, one chunk of 4096 rows over 65536 keys) in two calls, each on its rows.
+    assert ours["segments"] == [
+        {
+            "kind": "exact",
+            "num_actual_tokens": 2,
+            "query_start_loc": [0, 1, 2],
+            "seq_lens": [300, 20000],
+            "block_rows": [0, 4096],
+            "slots": [0, 1],
+            "max_seqlen": [1, 20000],
+        },
+        {
+            "kind": "long_prefill",
+            "num_actual_tokens": 4096,
+            "query_start_loc": [0, 4096],
+            "seq_lens": [65536],
+            "block_rows": [8192],
+            "slots": [2, 4097],
+            "max_seqlen": [4096, 65536],
+        },
+    ]
+    vllms = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
+    assert off["backend"]["path"] == vllms and "FA2PATCH_VLLM_BACKEND=0" in off_log
+    assert all(o["backend"]["path"] == vllms for o in others.values())
 
 
 def test_the_wheel_serves_the_primary_release_and_refuses_another(wheel_python, vllm_sources, tmp_path):

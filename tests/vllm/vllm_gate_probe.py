@@ -46,6 +46,7 @@ def main() -> None:
             "get_flash_attn_version": fa_utils.get_flash_attn_version(),
             "supports_compute_capability": FlashAttentionBackend.supports_compute_capability(DeviceCapability(*cap)),
         }
+    backend = backend_facts(caps[0]) if "--backend" in sys.argv else None
     extension = sys.modules.get("vllm.vllm_flash_attn._vllm_fa2_C")
     print(
         json.dumps(
@@ -54,9 +55,66 @@ def main() -> None:
                 "extension": getattr(extension, "__file__", None),
                 "fa2_available": flash_attn_interface.FA2_AVAILABLE,
                 "vllm": vllm.__version__,
+                "backend": backend,
             }
         )
     )
+
+
+def backend_facts(cap) -> dict:
+    """FLASH_ATTN's class as vLLM's registry resolves it, and, for fa2patch's backend, one batch's
+    segments restricted on this release's own FlashAttentionMetadata (CPU tensors)."""
+    import dataclasses
+
+    import torch
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    cls = AttentionBackendEnum.FLASH_ATTN.get_class()
+    facts = {
+        "path": f"{cls.__module__}.{cls.__qualname__}",
+        "supports_capability": cls.supports_compute_capability(DeviceCapability(*cap)),
+        "cudagraph_support": cls.get_builder_cls()._cudagraph_support.name,
+        "reorder_batch_threshold": cls.get_builder_cls().reorder_batch_threshold,
+    }
+    if not facts["path"].startswith("fa2patch_vllm."):
+        return facts
+    from fa2patch_vllm import backend, segments
+
+    keys = [300, 20000, 65536]  # two decodes and a chunk of 4096 rows
+    starts = [0, 1, 2, 4098]
+    values = {
+        "num_actual_tokens": 4098,
+        "max_query_len": 4096,
+        "query_start_loc": torch.tensor(starts, dtype=torch.int32),
+        "max_seq_len": 65536,
+        "seq_lens": torch.tensor(keys, dtype=torch.int32),
+        "block_table": torch.arange(3 * 4096, dtype=torch.int32).reshape(3, 4096),
+        "slot_mapping": torch.arange(4098, dtype=torch.int64),
+        "use_cascade": False,
+        "common_prefix_len": 0,
+        "cu_prefix_query_lens": None,
+        "prefix_kv_lens": None,
+        "suffix_kv_lens": None,
+    }
+    fields = [f.name for f in dataclasses.fields(FlashAttentionMetadata)]
+    md = FlashAttentionMetadata(**{k: v for k, v in values.items() if k in fields})
+    plan = segments.plan(starts, keys, segments.Thresholds(1024, 16384))
+    facts["segments"] = [
+        {
+            "kind": seg.kind,
+            "num_actual_tokens": r.num_actual_tokens,
+            "query_start_loc": r.query_start_loc.tolist(),
+            "seq_lens": r.seq_lens.tolist(),
+            "block_rows": r.block_table[:, 0].tolist(),
+            "slots": [int(r.slot_mapping[0]), int(r.slot_mapping[-1])],
+            "max_seqlen": [r.max_query_len, r.max_seq_len],
+        }
+        for seg in plan
+        for r in [backend.restricted(md, seg)]
+    ]
+    return facts
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from fa2patch.vllm import releases
 
 DIST = "fa2patch_vllm"  # distribution and import name
 ENTRY_POINTS = "[vllm.general_plugins]\nfa2patch_v100 = fa2patch_vllm.plugin:register\n"
-PLUGIN_FILES = ("__init__.py", "plugin.py", "routing_profile.py")
+PLUGIN_FILES = ("__init__.py", "plugin.py", "routing_profile.py", "backend.py", "segments.py")
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 LICENSES = ("LICENSE", "NOTICE")  # fa2patch's, at the project root: in every wheel
 # In the extension's wheel, from the FA2 tree: FA2's LICENSE, and CUTLASS's licence as the release

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""fa2patch's V100 attention backend: vLLM's FLASH_ATTN backend, with each long prefill chunk of a
+scheduler batch in a call of its own, so that fa2patch's router can send it to the long-prefill
+route while the batch's other rows (decodes, short chunks) take the exact route in one call.
+
+Registered by the plugin over FLASH_ATTN on compute capability 7.0 only (vLLM's own registry,
+``register_backend``; FA2PATCH_VLLM_BACKEND=0 keeps vLLM's class). Everything else is vLLM's: the
+subclasses below only add the host-side split (``segments.plan``, from the host copies vLLM keeps:
+``query_start_loc_cpu`` and the sequence lengths) to the metadata builder, and call vLLM's own
+``FlashAttentionImpl.forward`` once per segment, on views of the query, key, value and output rows
+and on a copy of the metadata restricted to the segment's requests. Nothing is copied on the device
+but each segment's query offsets; nothing is read back from it. A batch without a qualifying chunk,
+a layer the long-prefill route cannot serve (head dim, group, window, softcap, ALiBi, not causal,
+encoder or cross attention, context parallelism), cascade attention or metadata this module does not
+know how to restrict is one call, as in vLLM. Uniform decode batches (vLLM's full CUDA graphs) never
+split: AttentionCGSupport stays vLLM's UNIFORM_BATCH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import torch
+from vllm.v1.attention.backends import flash_attn
+from vllm.v1.attention.backends.flash_attn import (
+    FlashAttentionBackend,
+    FlashAttentionImpl,
+    FlashAttentionMetadataBuilder,
+)
+
+from . import segments
+
+LONG_PREFILL_HEAD_DIM = 256
+# Per-request metadata of some releases that a segment would have to restrict too: set, no split.
+UNKNOWN_PER_REQUEST = ("mm_prefix_query_range_tensor", "rswa_prefix_lens", "dcp_context_kv_lens")
+
+
+def long_prefill_limits() -> dict:
+    """The extension's long-prefill range and switch (route_stats()["long_prefill"]; the switch,
+    VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL, is read anew on every build)."""
+    return json.loads(torch.ops._vllm_fa2_C.route_stats())["long_prefill"]
+
+
+@functools.cache
+def max_group() -> int:
+    return int(long_prefill_limits()["max_group"])
+
+
+def host_seq_lens(common) -> list[int] | None:
+    """Keys per request, from vLLM's host copy: ``seq_lens_cpu_upper_bound`` (0.20 and newer) or
+    ``_seq_lens_cpu`` (earlier; None under async speculative decoding, where reading the
+    ``seq_lens_cpu`` property would copy from the device: then no split)."""
+    for name in ("seq_lens_cpu_upper_bound", "_seq_lens_cpu"):
+        host = getattr(common, name, None)
+        if host is not None:
+            return [int(x) for x in host.tolist()]
+    return None
+
+
+def restricted(md, seg: segments.Segment):
+    """A copy of the batch's metadata for one segment's requests and query rows."""
+    r0, r1, t0, t1 = seg.first_request, seg.last_request, seg.first_token, seg.last_token
+    return dataclasses.replace(
+        md,
+        num_actual_tokens=t1 - t0,
+        max_query_len=seg.max_seqlen_q,
+        query_start_loc=md.query_start_loc[r0 : r1 + 1] - t0,
+        max_seq_len=seg.max_seqlen_k,
+        seq_lens=md.seq_lens[r0:r1],
+        block_table=md.block_table[r0:r1],
+        slot_mapping=md.slot_mapping[t0:t1],
+        scheduler_metadata=None,
+    )
+
+
+class V100FlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
+    # Decode requests first in the batch (vLLM's reorder): their rows form one run.
+    reorder_batch_threshold: int | None = 1
+
+    def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
+        md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
+        md.fa2patch_segments = self.segments_of(md, common_attn_metadata)
+        return md
+
+    @staticmethod
+    def segments_of(md, common) -> list | None:
+        """[(segment, its metadata)] where a chunk can take the long-prefill route alone, else None."""
+        if getattr(md, "use_cascade", False) or any(getattr(md, f, None) is not None for f in UNKNOWN_PER_REQUEST):
+            return None
+        keys = host_seq_lens(common)
+        limits = long_prefill_limits()
+        if keys is None or not limits["enabled"]:
+            return None
+        plan = segments.plan(
+            [int(x) for x in common.query_start_loc_cpu.tolist()],
+            keys,
+            segments.Thresholds(limits["min_seqlen_q"], limits["min_seqlen_k"]),
+        )
+        return [(s, restricted(md, s)) for s in plan] if segments.worth_splitting(plan) else None
+
+
+class V100FlashAttentionImpl(FlashAttentionImpl):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
+        parts = getattr(attn_metadata, "fa2patch_segments", None)
+        if not parts or not self.long_prefill_layer():
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        for seg, md in parts:
+            t0, t1 = seg.first_token, seg.last_token
+            super().forward(layer, query[t0:t1], key[t0:t1], value[t0:t1], kv_cache, md, output[t0:t1], *args, **kwargs)
+        return output
+
+    def long_prefill_layer(self) -> bool:
+        """This layer's calls can take the long-prefill route (the extension decides per call)."""
+        group, rest = divmod(self.num_heads, self.num_kv_heads)
+        return (
+            self.attn_type == flash_attn.AttentionType.DECODER
+            and self.head_size == LONG_PREFILL_HEAD_DIM
+            and rest == 0
+            and group <= max_group()
+            and self.sliding_window in (None, (-1, -1))
+            and not self.logits_soft_cap
+            and self.alibi_slopes is None
+            and getattr(self, "dcp_world_size", 1) == 1
+            and getattr(self, "sinks", None) is None
+        )
+
+
+class V100FlashAttentionBackend(FlashAttentionBackend):
+    """vLLM's FLASH_ATTN with per-request segments on compute capability 7.0."""
+
+    @staticmethod
+    def get_impl_cls():
+        return V100FlashAttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return V100FlashAttentionMetadataBuilder
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        from .plugin import V100, fa2patch_ops_loaded
+
+        if (capability.major, capability.minor) == V100 and fa2patch_ops_loaded():
+            return True
+        return super().supports_compute_capability(capability)
