@@ -18,13 +18,15 @@
 # it (vllm/vllm_flash_attn/), and runs with the SM70 kernels forced (FA2PATCH_FORCE_SM70=1):
 # vLLM's tests/kernels/attention/test_flash_attn.py with one edit, DTYPES = [torch.float16] (V100
 # has no bf16 tensor cores; vLLM maps bf16 to fp16 below capability 8.0 and our ops refuse bf16),
-# and ci/vllm-lab/test_kv_cache_views.py (vLLM's KV-cache views through the same interface).
+# ci/vllm-lab/test_kv_cache_views.py (vLLM's KV-cache views through the same interface) and
+# ci/vllm-lab/test_per_request_backend.py (fa2patch's V100 backend on the release's own metadata).
 # It fails unless, for every release, vLLM's interface imported our extension from there (nothing
 # loaded it by hand), every FA2 fp16 case of vLLM's test ran and passed, and every KV-view case passed.
 # Results: $OUT/vllm-summary-VERSION.json, $OUT/vllm-junit-VERSION.xml, $OUT/vllm-pytest-VERSION.log.
 # Exit 3: no GPU here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 export PYTHONPATH=$PWD/tools${PYTHONPATH:+:$PYTHONPATH}
 # The decisions (the archive's contents, the fp16 edit, the verdicts and the expected case counts) are
 # tools/fa2patch/lab/labtools.py's; this script orchestrates.
@@ -73,13 +75,14 @@ one() {
     cp "$so" "$src/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
     run=$dir/run
     mkdir "$run"
-    cp ci/vllm-lab/conftest.py ci/vllm-lab/test_kv_cache_views.py tests/vllm/vllm_stubs.py "$run/"
+    cp ci/vllm-lab/conftest.py ci/vllm-lab/test_kv_cache_views.py ci/vllm-lab/test_per_request_backend.py \
+        tests/vllm/vllm_stubs.py "$run/"
     lab vllm-fp16-test "$src/tests/kernels/attention/test_flash_attn.py" "$run/test_flash_attn.py" || return 2
     echo "[vllm] vLLM $version, extension $so -> vllm/vllm_flash_attn/, SM70 kernels forced"
     runpytest() {
         (cd "$run" && FA2PATCH_FORCE_SM70=1 FA2PATCH_VLLM_SRC="$src" FA2PATCH_VLLM_SUMMARY="$summary" \
-            PYTHONPATH="$run${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -p no:cacheprovider "$@" \
-            test_flash_attn.py test_kv_cache_views.py)
+            PYTHONPATH="$run:$repo/packaging${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -p no:cacheprovider "$@" \
+            test_flash_attn.py test_kv_cache_views.py test_per_request_backend.py)
     }
     if [ "$mode" = collect ]; then
         runpytest -q --collect-only >"$out/vllm-collect-$version.log" 2>&1 || { tail -20 "$out/vllm-collect-$version.log"; return 1; }

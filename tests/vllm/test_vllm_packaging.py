@@ -467,7 +467,7 @@ def test_lab_script_sets_up_vllms_test_through_vllms_interface(vllm_sources, ver
         assert run.returncode == 3 and "SKIP: no GPU" in run.stdout
     collect = subprocess.run(["bash", *script, "collect"], env=env, capture_output=True, text=True)
     assert collect.returncode == 0, collect.stdout + collect.stderr
-    assert "160 vLLM FA2 fp16 cases, 36 KV-view cases" in collect.stdout
+    assert "160 vLLM FA2 fp16 cases, 36 KV-view cases, 6 per-request backend cases" in collect.stdout
     summary = json.loads((tmp_path / "out" / f"vllm-summary-{version}.json").read_text())
     assert summary["imported_by_vllm_interface"] and summary["fa2patch_ops"]
 

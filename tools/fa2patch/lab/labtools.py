@@ -174,6 +174,12 @@ VLLM_LAB_FILES = (
 EXPECTED_FA2_FP16 = 2 * 2 * 2 * 5 * 2 * 2
 # ci/vllm-lab/test_kv_cache_views.py: 2 seq_lens x 3 num_heads x 3 head sizes x 2 block sizes.
 EXPECTED_KV_VIEWS = 2 * 3 * 3 * 2
+# ci/vllm-lab/test_per_request_backend.py: 3 batches with long chunks, 3 batches of one call.
+BACKEND_TESTS = (
+    "test_every_chunk_on_the_long_prefill_route",
+    "test_one_call_where_nothing_can_take_the_long_prefill_route",
+)
+EXPECTED_BACKEND = 3 + 3
 FP16_ONLY = ("DTYPES = [torch.bfloat16]\n", "DTYPES = [torch.float16]\n")
 
 
@@ -229,6 +235,10 @@ def view_cases(rows: list[dict]) -> list[dict]:
     return [c for c in rows if c["test"] == "test_vllm_kv_cache_views"]
 
 
+def backend_cases(rows: list[dict]) -> list[dict]:
+    return [c for c in rows if c["test"] in BACKEND_TESTS]
+
+
 def through_vllm(summary: dict) -> bool:
     """vLLM's interface imported the extension from vllm/vllm_flash_attn/ (nothing loaded it by hand)."""
     return bool(summary["imported_by_vllm_interface"] and summary["extension"] == summary["expected_extension"])
@@ -238,13 +248,13 @@ def collect_verdict(summary: dict) -> tuple[bool, str]:
     """`collect` (the CPU check): every expected case collected, the extension where vLLM installs it."""
     rows = summary["collected"]
     fa2 = [c for c in fa2_cases(rows) if c["dtype"] == "torch.float16"]
-    views = view_cases(rows)
+    views, ours = view_cases(rows), backend_cases(rows)
     line = (
-        f"[vllm] collected {len(rows)}: {len(fa2)} vLLM FA2 fp16 cases, {len(views)} KV-view cases; "
-        f"extension {summary['extension']}"
+        f"[vllm] collected {len(rows)}: {len(fa2)} vLLM FA2 fp16 cases, {len(views)} KV-view cases, "
+        f"{len(ours)} per-request backend cases; extension {summary['extension']}"
     )
     ok = (
-        (len(fa2), len(views)) == (EXPECTED_FA2_FP16, EXPECTED_KV_VIEWS)
+        (len(fa2), len(views), len(ours)) == (EXPECTED_FA2_FP16, EXPECTED_KV_VIEWS, EXPECTED_BACKEND)
         and through_vllm(summary)
         and bool(summary["fa2patch_ops"])
     )
@@ -254,7 +264,7 @@ def collect_verdict(summary: dict) -> tuple[bool, str]:
 def run_verdict(summary: dict, pytest_rc: int) -> dict[str, bool]:
     """`run`: the checks, by name (they go into vllm-summary.json as "verdict")."""
     cases = summary["cases"]
-    fa2, views = fa2_cases(cases), view_cases(cases)
+    fa2, views, ours = fa2_cases(cases), view_cases(cases), backend_cases(cases)
     passed = lambda rows: sum(c["outcome"] == "passed" for c in rows)  # noqa: E731
     checks = {
         "vLLM's interface imported the extension from vllm/vllm_flash_attn/": through_vllm(summary),
@@ -267,6 +277,9 @@ def run_verdict(summary: dict, pytest_rc: int) -> dict[str, bool]:
         f"KV-cache view cases: {EXPECTED_KV_VIEWS} passed (got {passed(views)} of {len(views)})": len(views)
         == EXPECTED_KV_VIEWS
         and passed(views) == len(views),
+        f"per-request backend cases: {EXPECTED_BACKEND} passed (got {passed(ours)} of {len(ours)})": len(ours)
+        == EXPECTED_BACKEND
+        and passed(ours) == len(ours),
         "no failure anywhere": pytest_rc == 0 and not [c for c in cases if c["outcome"] == "failed"],
     }
     return {k: bool(v) for k, v in checks.items()}
