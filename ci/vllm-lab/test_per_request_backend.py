@@ -35,6 +35,9 @@ def _not_initialised():
 
 
 parallel_state.get_dcp_group = parallel_state.get_pcp_group = _not_initialised
+parallel_state.get_dcp_world_size_and_rank = lambda *args: (1, 0)  # 0.20 and newer: no decode context parallelism
+if hasattr(fa, "is_quantized_kv_cache"):  # 0.20 and newer: the stubbed kv_cache_interface cannot answer it
+    fa.is_quantized_kv_cache = lambda *args, **kwargs: False
 
 
 def make_impl(window=None, softcap=None):
@@ -60,9 +63,16 @@ def layer():
     return SimpleNamespace(**{f"_{n}_scale": torch.ones((), device="cuda") for n in ("q", "k", "v")})
 
 
+def cache_shape(blocks: int) -> tuple:
+    """This release's KV-cache tensor for one layer."""
+    if hasattr(fa.FlashAttentionBackend, "get_kv_cache_shape"):  # before 0.20: (2, blocks, block size, heads, D)
+        return tuple(fa.FlashAttentionBackend.get_kv_cache_shape(blocks, BLOCK, HKV, D))
+    return (blocks, HKV, BLOCK, 2 * D)  # 0.20 and newer: K and V are the halves of the last dimension
+
+
 def cache_views(kv_cache):
     """The key and value caches as this release's forward takes them from its cache tensor."""
-    if kv_cache.shape[0] == 2:
+    if kv_cache.dim() == 5:
         return kv_cache.unbind(0)
     return kv_cache.transpose(1, 2).split(D, dim=-1)
 
@@ -77,8 +87,7 @@ def batch(requests, seed):
     for r in rows:
         starts.append(starts[-1] + r)
     pages = [math.ceil(k / BLOCK) for k in keys]
-    shape = fa.FlashAttentionBackend.get_kv_cache_shape(sum(pages) + 1, BLOCK, HKV, D)
-    kv_cache = torch.randn(shape, generator=g, device="cuda", dtype=torch.float16)
+    kv_cache = torch.randn(cache_shape(sum(pages) + 1), generator=g, device="cuda", dtype=torch.float16)
     perm = torch.randperm(sum(pages), generator=g, device="cuda").to(torch.int32) + 1  # page 0 never used
     table = torch.zeros(len(requests), max(pages), dtype=torch.int32, device="cuda")
     at = 0

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 
 import torch
 from vllm.v1.attention.backends import flash_attn
@@ -32,6 +33,7 @@ from vllm.v1.attention.backends.flash_attn import (
 
 from . import segments
 
+logger = logging.getLogger("vllm.fa2patch_vllm")
 LONG_PREFILL_HEAD_DIM = 256
 # Per-request metadata of some releases that a segment would have to restrict too: set, no split.
 UNKNOWN_PER_REQUEST = ("mm_prefix_query_range_tensor", "rswa_prefix_lens", "dcp_context_kv_lens")
@@ -81,7 +83,13 @@ class V100FlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
         md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
-        md.fa2patch_segments = self.segments_of(md, common_attn_metadata)
+        try:
+            md.fa2patch_segments = self.segments_of(md, common_attn_metadata)
+        except Exception as exc:  # metadata of an unforeseen kind: vLLM's one call, said loudly
+            md.fa2patch_segments = None
+            if not getattr(self, "_fa2patch_warned", False):
+                self._fa2patch_warned = True
+                logger.warning("fa2patch-vllm: this batch runs as one call (no per-request split): %r", exc)
         return md
 
     @staticmethod

@@ -54,9 +54,9 @@ def plan(query_start: list[int], seq_lens: list[int], limits: Thresholds) -> lis
     for i in range(1, len(kinds) + 1):
         if i < len(kinds) and kinds[i] == kinds[start] and kinds[i] != "long_prefill":
             continue
-        rows = [query_start[r + 1] - query_start[r] for r in range(start, i)]
+        run_rows = max(query_start[r + 1] - query_start[r] for r in range(start, i))
         out.append(
-            Segment(start, i, query_start[start], query_start[i], max(rows), max(seq_lens[start:i]), kinds[start])
+            Segment(start, i, query_start[start], query_start[i], run_rows, max(seq_lens[start:i]), kinds[start])
         )
         start = i
     return out
