@@ -161,9 +161,19 @@ def test_fp16_only_edits_the_one_dtypes_line(tmp_path):
     assert proc.returncode == 2 and "found 0" in proc.stderr and not dest.exists()
 
 
-def vllm_rows(fa2: int, views: int, outcome="passed", dtype="torch.float16") -> list[dict]:
+def vllm_rows(fa2: int, views: int, outcome="passed", dtype="torch.float16", backend: int = 6) -> list[dict]:
     """Rows as ci/vllm-lab/conftest.py describes them, with distractors that must not count."""
     rows = [
+        {
+            "test": labtools.BACKEND_TESTS[i % 2],
+            "fa_version": None,
+            "q_dtype": "None",
+            "dtype": "None",
+            "outcome": outcome,
+        }
+        for i in range(backend)
+    ]
+    rows += [
         {"test": "test_varlen_with_paged_kv", "fa_version": 2, "q_dtype": "None", "dtype": dtype, "outcome": outcome}
         for _ in range(fa2)
     ]
@@ -205,13 +215,18 @@ def vllm_summary(rows, **over) -> dict:
     }
 
 
-# vLLM 0.33.0's FA2 fp16 cases and our KV-view cases, as docs/lab/2026-12-01-series-0001-0004/README.md reports them.
-FA2, VIEWS = 160, 36
+# vLLM's FA2 fp16 cases and our KV-view cases, as docs/lab/2026-12-01-series-0001-0004/README.md reports them;
+# the per-request backend's cases (ci/vllm-lab/test_per_request_backend.py: 3 + 3 parameters).
+FA2, VIEWS, BACKEND = 160, 36, 6
 
 
 def test_collect_verdict_wants_every_case_and_the_extension_through_vllm():
     ok, line = labtools.collect_verdict(vllm_summary(vllm_rows(FA2, VIEWS)))
-    assert ok and f"collected {FA2 + VIEWS + 3}: {FA2} vLLM FA2 fp16 cases, {VIEWS} KV-view cases" in line
+    assert ok and (
+        f"collected {FA2 + VIEWS + BACKEND + 3}: {FA2} vLLM FA2 fp16 cases, {VIEWS} KV-view cases, "
+        f"{BACKEND} per-request backend cases" in line
+    )
+    assert not labtools.collect_verdict(vllm_summary(vllm_rows(FA2, VIEWS, backend=BACKEND - 1)))[0]
     assert not labtools.collect_verdict(vllm_summary(vllm_rows(FA2 - 1, VIEWS)))[0]
     assert not labtools.collect_verdict(vllm_summary(vllm_rows(FA2, VIEWS + 1)))[0]
     assert not labtools.collect_verdict(vllm_summary(vllm_rows(FA2, VIEWS, dtype="torch.bfloat16")))[0]
@@ -222,10 +237,11 @@ def test_collect_verdict_wants_every_case_and_the_extension_through_vllm():
 
 def test_run_verdict_names_each_check():
     verdict = labtools.run_verdict(vllm_summary(vllm_rows(FA2, VIEWS)), 0)
-    assert all(verdict.values()) and len(verdict) == 6
+    assert all(verdict.values()) and len(verdict) == 7
+    assert f"per-request backend cases: {BACKEND} passed (got {BACKEND} of {BACKEND})" in verdict
     assert f"vLLM FA2 fp16 cases: {FA2} passed (got {FA2} of {FA2})" in verdict
     failed = vllm_rows(FA2, VIEWS)
-    failed[3]["outcome"] = "failed"
+    failed[BACKEND + 3]["outcome"] = "failed"  # an FA2 case (the backend's rows come first)
     verdict = labtools.run_verdict(vllm_summary(failed), 1)
     assert [k for k, v in verdict.items() if not v] == [
         f"vLLM FA2 fp16 cases: {FA2} passed (got {FA2 - 1} of {FA2})",
