@@ -14,7 +14,7 @@ from fa2patch.common.routes import EXACT, GQA
 from fa2patch.common.shapes import Shape
 from fa2patch.model import gqa_route
 from fa2patch.model.loop_mix import LoopMix
-from fa2patch.model.report import predict_routes, route_geometry, route_launches
+from fa2patch.model.report import PER_REQUEST, predict_routes, route_geometry, route_launches
 from fa2patch.model.v100model import Card, CtaKind, KernelLaunch, estimate_launch, load_v100, lower_bound
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
@@ -216,6 +216,33 @@ def test_route_estimate_and_ab_against_the_dense_route():
     ):
         kernels = [dense, gqa] if other.d == 256 else [{**dense, "geometry": {**dense_geo, "head_dim": 128}}, gqa]
         assert [p["route"] for p in predict_routes(other, kernels, Card(80), V100, CAL, ARTIFACT)] == [EXACT]
+
+
+def test_a_batch_with_decode_rows_split_as_the_v100_backend_runs_it():
+    """A chunk with decode rows (vLLM's scheduler batch): besides the whole batch on the exact route,
+    the V100 backend's split: the chunk's long-prefill launches (as the chunk alone has them) then the
+    decode rows' exact-route launches (as a batch of single-query sequences alone has them)."""
+    dense, gqa = gqa_rows()
+    batch = Shape(1024, 4096, 6, 1, 256, True, 0.0625, decode=8, decode_kv=2048)
+    chunk, decodes = Shape(1024, 4096, 6, 1, 256, True, 0.0625), Shape(1, 2048, 6, 1, 256, True, 0.0625, b=8)
+    plans = {gqa_route.sizes(chunk): gqa_oracle.plan(1024, 4096, 6, 1)}
+    card = Card(80, 1000)
+    whole, split = predict_routes(batch, [dense, gqa], card, V100, CAL, ARTIFACT, (), plans)
+    (alone_chunk_dense, alone_chunk) = predict_routes(chunk, [dense, gqa], card, V100, CAL, ARTIFACT, (), plans)
+    (alone_decodes,) = predict_routes(decodes, [dense, gqa], card, V100, CAL, ARTIFACT, (), plans)
+    assert (whole["route"], split["route"]) == (EXACT, PER_REQUEST)
+    names = lambda p: [x["name"] for x in p["launches"]]  # noqa: E731
+    assert names(split) == names(alone_chunk) + names(alone_decodes)
+    assert split["plan"] == {"chunk": alone_chunk["plan"], "decodes": alone_decodes["plan"]}
+    assert split["vs_dense"] == pytest.approx(whole["calibrated_ms"] / split["calibrated_ms"])
+    assert split["useful_flops"] == whole["useful_flops"]
+    # No split where the chunk is not the long-prefill op's (head dim 128) or there are no decode rows.
+    dense_geo = {**dense["geometry"], "head_dim": 128}
+    other = Shape(1024, 4096, 6, 1, 128, True, 0.1, decode=8)
+    routes = [
+        p["route"] for p in predict_routes(other, [{**dense, "geometry": dense_geo}, gqa], card, V100, CAL, ARTIFACT)
+    ]
+    assert routes == [EXACT] and PER_REQUEST not in [p["route"] for p in (alone_chunk_dense, alone_chunk)]
 
 
 def test_what_the_op_refuses_is_no_route_and_a_missing_plan_is_an_error():

@@ -13,7 +13,7 @@ from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.routes import EXACT, GQA, SPLITKV
 from fa2patch.common.shapes import Shape, parse_shapes, useful_flops
 from fa2patch.model import exact_route as x
-from fa2patch.model.report import predict_routes
+from fa2patch.model.report import PER_REQUEST, predict_routes
 from fa2patch.model.v100model import Card, LoopMix, fa2_grid_iterations, load_v100
 from helpers import dense_geometry
 
@@ -210,9 +210,10 @@ def test_split_rows_and_their_verdicts():
         preds = predict_routes(shape, rows, Card(72, 1000), V100, CAL, ARTIFACT, (2, 3, 4), plans)
         routes = [(p["route"], p["plan"].get("splits", 1)) for p in preds]
         has_gqa = not shape.decode
-        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + [(SPLITKV, s) for s in (2, 3, 4)]
+        backend = [(PER_REQUEST, 1)] * (not has_gqa)  # the V100 backend's split of a batch with decode rows
+        assert routes == [(EXACT, 1)] + [(GQA, 1)] * has_gqa + backend + [(SPLITKV, s) for s in (2, 3, 4)]
         d, g = preds[0], (preds[1] if has_gqa else None)
-        for p in preds[1 + has_gqa :]:
+        for p in preds[1 + has_gqa + len(backend) :]:
             for key, other in (("vs_dense", d), ("vs_gqa", g)):
                 if other is None:
                     assert key not in p

@@ -29,6 +29,7 @@ details. docs/report-model.md describes the model.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,31 @@ def predict_gqa(
     return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_route.tile_loops(kernel).items()}}
 
 
+# A batch of a prefill chunk and decode rows as fa2patch's V100 backend for vLLM runs it (README
+# "Under load"): the chunk alone on the long-prefill route, the decode rows together on the exact route.
+PER_REQUEST = "v100-backend"
+
+
+def predict_per_request(
+    shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, plans: dict, artifact: Path
+) -> dict | None:
+    """``shape`` with decode rows (``decode=N``) as the V100 backend splits it, or None where the
+    long-prefill op does not take its chunk (the backend then makes vLLM's one call)."""
+    if not shape.decode:
+        return None
+    chunk = replace(shape, decode=0, decode_kv=0)
+    found = gqa_kernel_and_plan(chunk, kernels, plans, artifact)
+    if found is None:
+        return None
+    kernel, op_plan = found
+    launches, plan = gqa_route.launches(chunk, kernel, op_plan)
+    decodes = replace(shape, q=1, kv=shape.dkv, b=shape.decode, decode=0, decode_kv=0)
+    dense_kernel_row = dense_kernel(decodes, kernels, artifact)
+    decode_launches, decode_plan = dense_launches(decodes, dense_kernel_row, card)
+    both = {"chunk": plan, "decodes": decode_plan}
+    return prediction(shape, PER_REQUEST, kernel, both, launches + decode_launches, card, v100, calibration)
+
+
 def prediction(
     shape: Shape,
     route: str,
@@ -300,6 +326,9 @@ def predict_routes(
     dense = predict(shape, rows, card, v100, calibration, artifact)
     gqa = predict_gqa(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     out = [dense] + ([{**gqa, **versus(gqa, dense, "vs_dense")}] if gqa else [])
+    split_batch = predict_per_request(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
+    if split_batch is not None:
+        out.append({**split_batch, **versus(split_batch, dense, "vs_dense")})
     for n in splits:
         split = predict_split(shape, rows, card, v100, calibration, artifact, n)
         if split is not None:
@@ -325,7 +354,8 @@ def read_gqa_plans(artifact: Path, shapes: list[Shape], plans: dict | None = Non
     (gqa_route.may_take) that ``plans`` lacks, read in one subprocess (extension.read_extension):
     (build_info or {error}, plans by gqa_route.sizes including ``plans``)."""
     plans = dict(plans or {})
-    wanted = list(dict.fromkeys(gqa_route.sizes(s) for s in shapes if gqa_route.may_take(s)))
+    chunks = [replace(s, decode=0, decode_kv=0) for s in shapes if s.decode]  # predict_per_request's
+    wanted = list(dict.fromkeys(gqa_route.sizes(s) for s in [*shapes, *chunks] if gqa_route.may_take(s)))
     wanted = [s for s in wanted if s not in plans]
     got = read_extension(artifact, wanted)
     if "error" in got:

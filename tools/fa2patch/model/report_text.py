@@ -128,6 +128,9 @@ def _limits(p: dict) -> str:
     """What limits the route: per hot loop its binding pipe; per launch compute or HBM (the
     dense route: "compute" for the first launch, "<kernel> hbm" for the others)."""
     launches = p["launches"]
+    if "binding_per_loop" not in p and p["plan"].keys() == {"chunk", "decodes"}:  # report.PER_REQUEST
+        hbm = f"hbm binds {p['hbm_limited_launches']} of {len(launches)} launches"
+        return f"the chunk on {routes.GQA}, the decode rows on {routes.EXACT}; {hbm}"
     if p["route"] == routes.GQA:
         loops = ", ".join(f"{name} {pipe}" for name, pipe in p["binding_per_loop"].items())
         return f"{loops}; hbm binds {p['hbm_limited_launches']} of {len(launches)} launches"
