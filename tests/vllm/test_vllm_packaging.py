@@ -257,7 +257,9 @@ def test_the_v100_backend_is_flash_attn_on_7_0_only(wheel_python, vllm_sources, 
         off, off_log = probe(
             wheel_python, tree, "7.0", plugins=True, extra=["--backend"], env={"FA2PATCH_VLLM_BACKEND": "0"}
         )
-        others = {cap: probe(wheel_python, tree, cap, plugins=True, extra=["--backend"])[0] for cap in ("8.0", "9.0")}
+        others = {
+            cap: probe(wheel_python, tree, cap, plugins=True, extra=["--backend"])[0] for cap in ("7.5", "8.0", "9.0")
+        }
     finally:
         record.write_text(saved)
     ours = on_v100["backend"]
