@@ -19,7 +19,7 @@ from fa2patch.model.v100model import Card, CtaKind, KernelLaunch, estimate_launc
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
-CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.1]}
+CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "range": [-0.1, 0.1]}
 
 
 def gqa_geometry():

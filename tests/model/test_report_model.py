@@ -2,6 +2,7 @@
 """The V100 cycle model (v100model) term by term, with cycles computed by hand, and its
 calibration against the published anchors (data/anchors.toml, calibration.py)."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -242,22 +243,82 @@ PUBLISHED = {
 
 
 def test_every_anchor_is_as_published_and_within_the_targets():
-    """The issue-15 targets: every anchor not marked outlier within +-10% of its calibrated
-    estimate, and within +-15% of the estimate fitted without it."""
+    """Issue 27's targets for the anchors one at a time: every anchor not marked outlier within
+    +-10% of its calibrated estimate and within +-10% of the estimate fitted without it. The range
+    of every estimate spans both kinds of held-out residual."""
     cal = c.calibrate()
-    assert cal["targets"] == {"residual": 0.10, "loo": 0.15}
+    assert cal["targets"] == {"residual": 0.10, "loo": 0.10, "loko": 0.15}
     assert {a["name"]: pytest.approx(a["measured"]) for a in cal["anchors"]} == PUBLISHED
     bad = [
         (a["name"], round(a["residual"], 3), round(a["loo_residual"], 3))
         for a in cal["anchors"]
-        if not a["outlier"] and (abs(a["residual"]) > 0.10 or abs(a["loo_residual"]) > 0.15)
+        if not a["outlier"] and (abs(a["residual"]) > 0.10 or abs(a["loo_residual"]) > 0.10)
     ]
     assert not bad, f"outside the targets with {cal['parameters']}: {bad}"
     assert cal["within_targets"] and all(a["source"] for a in cal["anchors"])
-    assert cal["loo_range"] == [
-        min(a["loo_residual"] for a in cal["anchors"]),
-        max(a["loo_residual"] for a in cal["anchors"]),
+    loos = [a["loo_residual"] for a in cal["anchors"]]
+    lokos = [a["loko_residual"] for a in cal["anchors"]]
+    assert cal["loo_range"] == [min(loos), max(loos)] and cal["loko_range"] == [min(lokos), max(lokos)]
+    assert cal["range"] == [min(loos + lokos), max(loos + lokos)]
+
+
+def test_leave_one_kernel_out_groups_the_anchors_by_their_kernels_class():
+    """Each anchor's class is its kernels' (the paged and dense split-D builds are one source),
+    every class is left out once, and the fit without a class is the fit of the others."""
+    cal = c.calibrate()
+    data = m.load_data("anchors.toml")
+    kernels = {k["name"]: k for k in data["kernel"]}
+    names = {x["class"]: x["anchors"] for x in cal["classes"]}
+    assert sorted(len(v) for v in names.values()) == [1, 2, 11]
+    assert [n for v in names.values() for n in v] == [a["name"] for a in cal["anchors"]]
+    for x in cal["classes"]:
+        rest = [a for a in data["anchor"] if a["name"] not in x["anchors"]]
+        without = c.fit(rest, kernels, V100, cta_free=x["cta_identified"])
+        for a in data["anchor"]:
+            if a["name"] in x["anchors"]:
+                row = next(r for r in cal["anchors"] if r["name"] == a["name"])
+                assert row["loko_residual"] == pytest.approx(
+                    math.expm1(c.log_error(a, c.estimate(a, kernels, V100, without)))
+                )
+    # Only split-D anchors are fused grids: without them the cost per fused CTA is not identified.
+    assert [x["cta_identified"] for x in cal["classes"]] == [False, True, True]
+
+
+def test_leave_one_kernel_out_finds_a_class_the_others_do_not_explain():
+    """Synthetic anchors from known parameters: with every class consistent, every held-out
+    residual is ~0; a whole class 20% slower shows as +20% on each of its anchors left out by
+    kernel (the other classes still say the true parameters), less left out one at a time; a
+    cost per fused CTA that only the fused class shows is not identified without it, so that class
+    left out is predicted without it: too fast."""
+    truth = Calibration(1.3, 0.0)
+    anchors, kernels = synthetic(truth)
+    anchors += synthetic_gemms(truth, kernels)
+    cal = c.calibrate(V100, {"kernel": list(kernels.values()), "anchor": anchors})
+    assert all(abs(a["loko_residual"]) < 2e-3 and abs(a["loo_residual"]) < 2e-3 for a in cal["anchors"])
+    fused, _ = synthetic(Calibration(1.3, 20000))
+    cal = c.calibrate(V100, {"kernel": list(kernels.values()), "anchor": fused + anchors[len(fused) :]})
+    split_d = [a for a in cal["anchors"] if a["class"].startswith("split-D")]
+    assert all(a["loko_residual"] > 0.01 for a in split_d)
+    assert all(abs(a["loko_residual"]) < 2e-3 for a in cal["anchors"] if a not in split_d)
+    slow = [
+        {**a, "measured_ms": (a["measured_ms"] - a["excluded_ms"]) * 1.2 + a["excluded_ms"]}
+        if a["workload"]["kind"] == "kv-blocked-gemms"
+        else a
+        for a in anchors
     ]
+    cal = c.calibrate(V100, {"kernel": list(kernels.values()), "anchor": slow})
+    gemms = [a for a in cal["anchors"] if a["class"] == "blocked CUTLASS GEMMs (1Cat-vLLM #286)"]
+    assert len(gemms) == 2 and all(a["loko_residual"] == pytest.approx(0.2, abs=0.01) for a in gemms)
+    assert all(0 < a["loo_residual"] < a["loko_residual"] - 0.01 for a in gemms)  # its slow twin pulls the fit
+    assert cal["range"][1] == pytest.approx(0.2, abs=0.01) and not cal["loko_within_target"]
+
+
+def synthetic_gemms(parameters: Calibration, kernels: dict) -> list[dict]:
+    """The two blocked-GEMM anchors with the model's own values under ``parameters`` (plus the
+    part of the published time that is another kernel, which the calibration takes off again)."""
+    data = m.load_data("anchors.toml")
+    gemms = [a for a in data["anchor"] if a["workload"]["kind"] == "kv-blocked-gemms"]
+    return [{**a, "measured_ms": c.estimate(a, kernels, V100, parameters) + a["excluded_ms"]} for a in gemms]
 
 
 def synthetic(parameters: Calibration):
@@ -296,7 +357,7 @@ def test_leave_one_out_residuals_are_the_fit_without_the_anchor():
 
 
 def test_ranges_and_separation_by_hand():
-    cal = {"loo_range": [-0.1, 0.2]}
+    cal = {"range": [-0.1, 0.2]}
     a = c.with_range(10.0, cal)
     assert (a["calibrated_ms_low"], a["calibrated_ms_high"]) == (pytest.approx(9.0), pytest.approx(12.0))
     b = c.with_range(13.0, cal)  # 11.7 .. 15.6 overlaps 9 .. 12
@@ -304,7 +365,7 @@ def test_ranges_and_separation_by_hand():
     d = c.with_range(14.0, cal)  # 12.6 .. 16.8 does not
     assert c.separated(a, d) and c.faster_if_separated(a, d) == "a" and c.faster_if_separated(d, a) == "b"
     # The range always holds the point, even if every residual has one sign.
-    assert c.with_range(5.0, {"loo_range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
+    assert c.with_range(5.0, {"range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
 
 
 def test_the_gemm_rate_anchor_by_hand():

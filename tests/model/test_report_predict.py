@@ -17,7 +17,7 @@ from helpers import REPO, dense_geometry
 
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
-CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.2]}
+CALIBRATION = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "range": [-0.1, 0.2]}
 
 
 def loop(hmma, **mix):

@@ -197,7 +197,7 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
         *splits[3:],
     ]
     prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
-    lo, hi = out["calibration"]["loo_range"]
+    lo, hi = out["calibration"]["range"]
     for p in (prefill, gqa, decode):
         assert p["bound_ms"] < p["model_ms"]
         assert p["calibrated_ms_low"] == pytest.approx(p["calibrated_ms"] * min(1, 1 + lo))

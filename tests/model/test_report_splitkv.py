@@ -20,7 +20,7 @@ from helpers import dense_geometry
 ARTIFACT = Path("/nowhere/_vllm_fa2_C.abi3.so")
 V100 = load_v100()
 LATENCY = V100["dependent_ldg_l2_hit_cycles"]
-CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "loo_range": [-0.1, 0.2]}
+CAL = {"parameters": {"cycle_factor": 1.5, "cta_cycles": 0.0}, "range": [-0.1, 0.2]}
 
 
 def c_div(a: int, b: int) -> int:

@@ -155,14 +155,15 @@ def kernel_rows(
 def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
     """Bound, model and calibrated time of a route made of ``launches`` (run one after another, at
     the clock the route's tensor duty allows); the calibrated time with its range
-    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``loo_range``).
-    Per launch: the model's details, its calibrated time and what limits it once calibrated."""
+    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``range``).
+    Per launch: the model's details, its calibrated time with its range and what limits it once
+    calibrated."""
     model = estimate_route(launches, card, v100)
     cal = estimate_route(launches, card, v100, Calibration(**calibration["parameters"]))
     details = [
         {
             **m,
-            "calibrated_ms": c["ms"],
+            **with_range(c["ms"], calibration),
             "calibrated_clock_mhz": c["clock_mhz"],
             "limited_by": c["limited_by"],
             "bound": lower_bound(x, card, v100),

@@ -123,12 +123,14 @@ def load(paths: Sequence[Path], launches_for) -> tuple[list[dict], list[dict]]:
 
 
 def summary(cal: dict) -> dict:
-    return {k: cal[k] for k in ("parameters", "residual_range", "loo_range")} | {"anchors": len(cal["anchors"])}
+    keys = ("parameters", "residual_range", "loo_range", "loko_range", "range")
+    return {k: cal[k] for k in keys} | {"anchors": len(cal["anchors"])}
 
 
 def movement(before: dict, after: dict, files: Sequence[Path], skipped: list[dict]) -> dict:
     """How the fit moved: the published anchors' fit, the fit with the user anchors, each user
-    anchor (file, shape, route, clock, measured, calibrated, residual, leave-one-out residual)."""
+    anchor (file, shape, route, clock, measured, calibrated, residual, leave-one-out and
+    leave-one-kernel-out residuals)."""
     user = [
         {
             k: a.get(k)
@@ -146,6 +148,7 @@ def movement(before: dict, after: dict, files: Sequence[Path], skipped: list[dic
                 "calibrated",
                 "residual",
                 "loo_residual",
+                "loko_residual",
             )
         }
         for a in after["anchors"]
@@ -181,11 +184,25 @@ def render_calibration(result: dict) -> list[str]:
                     f"{a['calibrated']:.4g}",
                     f"{a['residual']:+.1%}",
                     f"{a['loo_residual']:+.1%}",
+                    f"{a['loko_residual']:+.1%}" if a["loko_residual"] is not None else "-",
+                    a["class"],
                     a["outlier"] or ("throttled" if a.get("throttled") else ""),
                 ]
                 for a in cal["anchors"]
             ],
-            ["anchor", "from", "SMs, MHz", "measured", "model", "calibrated", "residual", "leave-one-out", "note"],
+            [
+                "anchor",
+                "from",
+                "SMs, MHz",
+                "measured",
+                "model",
+                "calibrated",
+                "residual",
+                "leave-one-out",
+                "leave-one-kernel-out",
+                "kernel class",
+                "note",
+            ],
         )
     )
     t = cal["targets"]
@@ -193,6 +210,11 @@ def render_calibration(result: dict) -> list[str]:
         lines.append(
             f"WARNING: a published anchor not marked outlier lies outside +-{t['residual']:.0%} (residual) "
             f"or +-{t['loo']:.0%} (leave-one-out)"
+        )
+    if not cal["loko_within_target"]:
+        lines.append(
+            f"WARNING: a kernel class of two published anchors or more has one outside +-{t['loko']:.0%} "
+            f"left out by kernel (the classes' ranges are in the header)"
         )
     fit = result.get("anchor_fit")
     if fit:
@@ -204,8 +226,10 @@ def render_calibration(result: dict) -> list[str]:
             f"The fit with users' anchors ({', '.join(fit['files'])}): {b['anchors']} -> {a['anchors']} "
             f"anchors; cycle factor {pb['cycle_factor']:.3f} -> {pa['cycle_factor']:.3f}, "
             f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
-            f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out (the range) "
-            f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}. A user anchor runs at its measured clock "
+            f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out "
+            f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}; leave-one-kernel-out {pct(b['loko_range'])} -> "
+            f"{pct(a['loko_range'])}; the range {pct(b['range'])} -> {pct(a['range'])}. A user anchor runs at its "
+            f"measured clock "
             f"(the clock column above).",
         ]
         for s in fit["skipped"]:
