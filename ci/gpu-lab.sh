@@ -16,6 +16,8 @@
 # merges its verdicts into gpu-summary.json, LAB_BENCH=1 runs `fa2patch bench` (default sweep; LAB_BENCH_ARGS adds arguments),
 # LAB_VLLM=1 runs vLLM's own FA2 kernel test through vLLM's interface (ci/gpu-vllm.sh; carry
 # .lab/vllm-src-*.tar.gz and the numpy wheel from `bash ci/gpu-vllm.sh prepare`).
+# LAB_ENGINE=1 runs vLLM's real engine on fa2patch (ci/gpu-engine.sh: carry .engine/1, then .engine/2
+# in the next call, from `bash ci/gpu-engine.sh prepare`).
 # LAB_VLLM_CMAKE=1 builds the extension through vLLM's own CMake instead of `fa2patch build`: the
 # `fa2patch package --vllm-src` tree, vLLM's real vllm_flash_attn.cmake under the FA2 part of its
 # top-level CMakeLists.txt (from .lab/vllm-src-0.33.0.tar.gz, the source-build release), nvcc for sm_90 (TORCH_CUDA_ARCH_LIST=9.0),
@@ -96,6 +98,9 @@ if [ "${LAB_BENCH:-0}" = 1 ]; then
 fi
 if [ "${LAB_VLLM:-0}" = 1 ]; then
     OUT=$out bash ci/gpu-vllm.sh run || status=1
+fi
+if [ "${LAB_ENGINE:-0}" = 1 ]; then
+    OUT=$out bash ci/gpu-engine.sh lab || status=1
 fi
 echo "[lab] status $status"
 exit $status
