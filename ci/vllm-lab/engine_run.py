@@ -118,7 +118,9 @@ def one(out: Path, model: str, label: str) -> dict:
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8]},
         attention_config=attention,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, prompt_logprobs=0, ignore_eos=True, detokenize=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=NEW_TOKENS, prompt_logprobs=0, ignore_eos=True, detokenize=False
+    )
     results = llm.generate([{"prompt_token_ids": p} for p in prompts()], params)
     record = {
         "backend": backend,
