@@ -39,7 +39,7 @@ def test_pack_and_assemble_give_back_every_kept_file_and_none_of_the_stripped(tm
     import os
 
     wheel = fake_wheel(tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", KEPT | STRIPPED)
-    manifest = engine.pack(wheel, tmp_path / "parts", part_bytes=4096)
+    manifest = engine.pack(wheel, tmp_path / "parts", part_bytes=4096, expected_sha256=None)
     assert len(manifest["parts"]) >= 2 and all(p["bytes"] <= 4096 for p in manifest["parts"])
     assert sum(manifest["left_out"].values()) == len(STRIPPED)
     assert manifest["wheel_sha256"] == engine.sha256(wheel.read_bytes())
@@ -51,7 +51,7 @@ def test_pack_and_assemble_give_back_every_kept_file_and_none_of_the_stripped(tm
 
 def test_a_missing_or_damaged_part_is_named(tmp_path):
     wheel = fake_wheel(tmp_path / "w.whl", KEPT)
-    manifest = engine.pack(wheel, tmp_path / "parts", part_bytes=2048)
+    manifest = engine.pack(wheel, tmp_path / "parts", part_bytes=2048, expected_sha256=None)
     first = tmp_path / "parts" / manifest["parts"][0]["name"]
     data = first.read_bytes()
     first.write_bytes(bytes([data[0] ^ 1]) + data[1:])
@@ -60,6 +60,14 @@ def test_a_missing_or_damaged_part_is_named(tmp_path):
     first.unlink()
     with pytest.raises(SystemExit, match=f"{first.name}: missing"):
         engine.assemble(tmp_path / "parts", tmp_path / "site")
+
+
+def test_a_wheel_other_than_the_pinned_one_is_refused_naming_both_digests(tmp_path):
+    wheel = fake_wheel(tmp_path / "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl", KEPT)
+    actual = engine.sha256(wheel.read_bytes())
+    with pytest.raises(SystemExit, match=f"(?s){wheel}: sha256 mismatch.*{engine.WHEEL_SHA256}.*{actual}"):
+        engine.pack(wheel, tmp_path / "parts", part_bytes=4096)
+    assert not (tmp_path / "parts").exists()
 
 
 def test_the_real_strip_list_keeps_what_the_engine_imports():

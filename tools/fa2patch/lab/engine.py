@@ -16,7 +16,6 @@ unpacks them. ``judge`` compares fa2patch's run with vLLM's own backends on the 
 """
 
 import argparse
-import hashlib
 import io
 import json
 import sys
@@ -24,7 +23,13 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from fa2patch.common.digest import sha256_bytes as sha256
+from fa2patch.common.errors import mismatch
+
 RELEASE = "0.26.0"
+# The wheel `prepare` downloads (vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl, 303,698,761 bytes):
+# the lab run of docs/lab/2026-12-02-series-0001-0004-vllm-engine/ used these bytes.
+WHEEL_SHA256 = "adb1e4c9b46d0dfdb094121ae5aad670a42412dd813ed4e5db069ed6a15006de"
 
 # Members of vLLM's wheel that a FLASH_ATTN / FA3 / TRITON_ATTN run of a dense model does not import.
 STRIPPED = (
@@ -41,19 +46,18 @@ STRIPPED = (
 MANIFEST = "engine-manifest.json"
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def stripped(name: str) -> str | None:
     """The STRIPPED entry that leaves ``name`` out, if one does."""
     return next((s for s in STRIPPED if name == s or (s.endswith("/") and name.startswith(s))), None)
 
 
-def pack(wheel: Path, out: Path, part_bytes: int) -> dict:
+def pack(wheel: Path, out: Path, part_bytes: int, expected_sha256: str | None = WHEEL_SHA256) -> dict:
     """The wheel's kept members as one .tar.xz split into parts of at most ``part_bytes`` in
-    ``out``, and the manifest (the wheel's and every part's sha256, what was left out)."""
+    ``out``, and the manifest (the wheel's and every part's sha256, what was left out). A wheel
+    whose sha256 is not ``expected_sha256`` (None: any) is refused."""
     raw = wheel.read_bytes()
+    if expected_sha256 is not None and sha256(raw) != expected_sha256:
+        raise SystemExit(mismatch("sha256", str(wheel), expected_sha256, sha256(raw)))
     buffer = io.BytesIO()
     left_out = dict.fromkeys(STRIPPED, 0)
     with zipfile.ZipFile(io.BytesIO(raw)) as z, tarfile.open(fileobj=buffer, mode="w:xz") as tar:

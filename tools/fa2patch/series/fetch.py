@@ -7,7 +7,6 @@ simple repository API (PEP 691 JSON, or the PEP 503 HTML page). Nothing is used 
 sha256 and size match baseline.lock; verified archives are cached in the user's cache folder.
 """
 
-import hashlib
 import io
 import json
 import os
@@ -26,7 +25,7 @@ from urllib.parse import urldefrag, urljoin
 
 import click
 
-from fa2patch.common.digest import sha256_file
+from fa2patch.common.digest import sha256_bytes, sha256_file
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem, mismatch
 from fa2patch.common.lockfile import Lock
 from fa2patch.common.project import user_cache_dir
@@ -273,7 +272,7 @@ def fetch_pinned_member(project: str, filename: str, size: int, member: str, sha
                 data = wheel.read(member)
         except (OSError, urllib.error.URLError, zipfile.BadZipFile, KeyError) as exc:
             raise EnvironmentProblem(f"{url}: cannot read {member}: {exc}") from exc
-        actual = hashlib.sha256(data).hexdigest()
+        actual = sha256_bytes(data)
         if actual != sha256:
             raise CheckFailed(mismatch("sha256", f"{url}!{member}", sha256, actual))
         target.parent.mkdir(parents=True, exist_ok=True)
