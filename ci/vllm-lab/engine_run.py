@@ -173,7 +173,8 @@ def run_all(out: Path, work: Path) -> int:
             else:
                 status = 1
                 print("".join(log.read_text().splitlines(keepends=True)[-40:]), flush=True)
-        results = {"runs": runs, "references": list(REFERENCES), "layers": LAYERS}
+        heads = {k: MODELS[model][k] for k in ("num_attention_heads", "num_key_value_heads", "head_dim")}
+        results = {"runs": runs, "references": list(REFERENCES), "layers": LAYERS, "heads": heads}
         (out / f"results-{model}.json").write_text(json.dumps(results) + "\n")
     return status
 

@@ -50,6 +50,12 @@ def max_group() -> int:
     return int(long_prefill_limits()["max_group"])
 
 
+def long_prefill_heads(head_size: int, num_heads: int, num_kv_heads: int) -> bool:
+    """Heads the long-prefill route serves: head dim 256, whole groups of at most max_group()."""
+    group, rest = divmod(num_heads, num_kv_heads)
+    return head_size == LONG_PREFILL_HEAD_DIM and rest == 0 and group <= max_group()
+
+
 def host_seq_lens(common) -> list[int] | None:
     """Keys per request, from vLLM's host copy: ``seq_lens_cpu_upper_bound`` (0.20 and newer) or
     ``_seq_lens_cpu`` (earlier; None under async speculative decoding, where reading the
@@ -84,13 +90,21 @@ class V100FlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
     def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
         md = super().build(common_prefix_len, common_attn_metadata, *args, **kwargs)
         try:
-            md.fa2patch_segments = self.segments_of(md, common_attn_metadata)
+            md.fa2patch_segments = self.segments_of(md, common_attn_metadata) if self.long_prefill_group() else None
         except Exception as exc:  # metadata of an unforeseen kind: vLLM's one call, said loudly
             md.fa2patch_segments = None
             if not getattr(self, "_fa2patch_warned", False):
                 self._fa2patch_warned = True
                 logger.warning("fa2patch-vllm: this batch runs as one call (no per-request split): %r", exc)
         return md
+
+    def long_prefill_group(self) -> bool:
+        """This KV-cache group's layers can take the long-prefill route by their heads (the impl
+        checks each layer's other properties): no split is planned for a model whose heads never
+        can. ``num_heads_q`` is vLLM's builder's own attribute; without it, plan (the impl decides)."""
+        spec = self.kv_cache_spec
+        heads = getattr(self, "num_heads_q", None)
+        return heads is None or long_prefill_heads(spec.head_size, heads, spec.num_kv_heads)
 
     @staticmethod
     def segments_of(md, common) -> list | None:
@@ -121,12 +135,9 @@ class V100FlashAttentionImpl(FlashAttentionImpl):
 
     def long_prefill_layer(self) -> bool:
         """This layer's calls can take the long-prefill route (the extension decides per call)."""
-        group, rest = divmod(self.num_heads, self.num_kv_heads)
         return (
             self.attn_type == flash_attn.AttentionType.DECODER
-            and self.head_size == LONG_PREFILL_HEAD_DIM
-            and rest == 0
-            and group <= max_group()
+            and long_prefill_heads(self.head_size, self.num_heads, self.num_kv_heads)
             and self.sliding_window in (None, (-1, -1))
             and not self.logits_soft_cap
             and self.alibi_slopes is None

@@ -88,17 +88,20 @@ def run(tokens, logprobs, **extra):
 
 def stats(calls, enabled=True):
     return {
-        "long_prefill": {"enabled": enabled, "min_seqlen_q": 1024, "min_seqlen_k": 16384},
+        "long_prefill": {"enabled": enabled, "min_seqlen_q": 1024, "min_seqlen_k": 16384, "max_group": 16},
         "devices": {"0": {"routes": {"sm70-gqa-prefill": calls, "sm70-dense": 10}}},
     }
 
 
-def results(ours):
+GQA256 = {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 256}
+
+
+def results(ours, heads=GQA256):
     refs = {
         "fa3": run([[1, 2], [3, 4]], [[-1.0, -2.0], [-3.0]]),
         "triton": run([[1, 2], [3, 5]], [[-1.004, -2.0], [-3.0]]),  # spread 0.004; they disagree on prompt 2
     }
-    return {"runs": refs | ours, "references": ["fa3", "triton"], "layers": 2}
+    return {"runs": refs | ours, "references": ["fa3", "triton"], "layers": 2, "heads": heads}
 
 
 def test_the_verdict_is_the_references_spread():
@@ -131,6 +134,22 @@ def test_the_v100_backend_must_give_every_qualifying_chunk_its_own_call_per_laye
         "long_prefill_calls": 0,
         "pass": True,
     }
+
+
+def test_on_a_model_the_long_prefill_route_cannot_serve_the_v100_backend_must_not_split():
+    """32/8 heads of 128 (the lab's gqa128): no segment planned, no long-prefill call; a split planned
+    for such a model is a failure even where every chunk ends on the exact route."""
+    gqa128 = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128}
+    logprobs = [[-1.0, -2.0], [-3.0]]
+    quiet = run([[1, 2], [3, 4]], logprobs, route_stats=stats(0), segments=[])
+    verdict = engine.judge(results({"backend": quiet}, gqa128))
+    assert verdict["pass"] and verdict["runs"]["backend"]["qualifying_chunks"] == 0
+    split = [{"rows": [1, 4096], "keys": [500, 20480], "segments": ["exact", "long_prefill"]}]
+    assert not engine.judge(results({"backend": {**quiet, "segments": split}}, gqa128))["pass"]
+    # 17 query heads per KV head is beyond the route's max_group of 16: the same.
+    wide = {"num_attention_heads": 17, "num_key_value_heads": 1, "head_dim": 256}
+    assert engine.judge(results({"backend": quiet}, wide))["pass"]
+    assert not engine.judge(results({"backend": {**quiet, "segments": split}}, wide))["pass"]
 
 
 def load_engine_run():

@@ -287,6 +287,10 @@ def test_the_v100_backend_is_flash_attn_on_7_0_only(wheel_python, vllm_sources, 
             "max_seqlen": [4096, 65536],
         },
     ]
+    # No split planned for heads the route cannot serve: head dim 128, or 17 query heads per KV head
+    # (beyond the extension's max_group of 16); 48/4 is 12 per KV head.
+    assert ours["builder_sets"] == {"num_heads_q": True, "kv_cache_spec": True}
+    assert ours["long_prefill_group"] == {"6/1x256": True, "32/8x128": False, "17/1x256": False, "48/4x256": True}
     vllms = "vllm.v1.attention.backends.flash_attn.FlashAttentionBackend"
     assert off["backend"]["path"] == vllms and "FA2PATCH_VLLM_BACKEND=0" in off_log
     assert all(o["backend"]["path"] == vllms for o in others.values())

@@ -65,6 +65,8 @@ def backend_facts(cap) -> dict:
     """FLASH_ATTN's class as vLLM's registry resolves it, and, for fa2patch's backend, one batch's
     segments restricted on this release's own FlashAttentionMetadata (CPU tensors)."""
     import dataclasses
+    import inspect
+    from types import SimpleNamespace
 
     import torch
     from vllm.platforms.interface import DeviceCapability
@@ -81,6 +83,18 @@ def backend_facts(cap) -> dict:
     if not facts["path"].startswith("fa2patch_vllm."):
         return facts
     from fa2patch_vllm import backend, segments
+
+    # The builder plans a split only for heads the long-prefill route serves, from the attributes
+    # this release's own builder sets in __init__ (num_heads_q; kv_cache_spec from its base class).
+    builder = cls.get_builder_cls()
+    inits = "".join(inspect.getsource(f) for c in builder.__mro__[1:] if inspect.isfunction(f := vars(c).get("__init__")))
+    facts["builder_sets"] = {name: f"self.{name} =" in inits for name in ("num_heads_q", "kv_cache_spec")}
+    facts["long_prefill_group"] = {
+        f"{hq}/{hkv}x{d}": builder.long_prefill_group(
+            SimpleNamespace(num_heads_q=hq, kv_cache_spec=SimpleNamespace(head_size=d, num_kv_heads=hkv))
+        )
+        for hq, hkv, d in ((6, 1, 256), (32, 8, 128), (17, 1, 256), (48, 4, 256))
+    }
 
     keys = [300, 20000, 65536]  # two decodes and a chunk of 4096 rows
     starts = [0, 1, 2, 4098]

@@ -124,10 +124,18 @@ def max_abs_gap(a: list[list[float]], b: list[list[float]]) -> float:
 LONG_PREFILL = "sm70-gqa-prefill"
 
 
-def route_check(run: dict, layers: int) -> dict:
-    """For a run of fa2patch's V100 backend: every prefill chunk that the long-prefill route takes
-    by route_stats()'s thresholds (rows and keys logged per batch) had a segment of its own, and the
-    extension counted one long-prefill call per such chunk and layer. Other runs: the long-prefill
+def long_prefill_heads(heads: dict, limits: dict) -> bool:
+    """The model's heads are the long-prefill route's (head dim 256, whole groups of at most
+    route_stats()'s max_group): only then does the V100 backend plan a split."""
+    group, rest = divmod(heads["num_attention_heads"], heads["num_key_value_heads"])
+    return heads["head_dim"] == 256 and rest == 0 and group <= limits["max_group"]
+
+
+def route_check(run: dict, layers: int, heads: dict) -> dict:
+    """For a run of fa2patch's V100 backend: on a model whose heads the long-prefill route serves,
+    every prefill chunk that route takes by route_stats()'s thresholds (rows and keys logged per
+    batch) had a segment of its own, and the extension counted one long-prefill call per such chunk
+    and layer; on any other model, no split and no long-prefill call. Other runs: the long-prefill
     calls counted, nothing judged."""
     stats = run.get("route_stats")
     if stats is None:
@@ -136,17 +144,19 @@ def route_check(run: dict, layers: int) -> dict:
     if "segments" not in run:
         return {"long_prefill_calls": calls}
     limits = stats["long_prefill"]
-    qualifying = sum(
+    eligible = long_prefill_heads(heads, limits)
+    qualifying = eligible * sum(
         rows >= limits["min_seqlen_q"] and keys >= limits["min_seqlen_k"]
         for batch in run["segments"]
         for rows, keys in zip(batch["rows"], batch["keys"], strict=True)
     )
     own = sum(batch["segments"].count("long_prefill") for batch in run["segments"])
+    expected = (own > 0 or not limits["enabled"]) if eligible else not run["segments"]
     return {
         "long_prefill_calls": calls,
         "qualifying_chunks": qualifying,
         "own_segments": own,
-        "routes_ok": qualifying == own and calls == own * layers and (own > 0 or not limits["enabled"]),
+        "routes_ok": qualifying == own and calls == own * layers and expected,
     }
 
 
@@ -159,7 +169,8 @@ def judge(results: dict) -> dict:
     prompt-logprob gap to either reference is at most the gap between the two references (their
     spread) plus 1e-3, its greedy tokens agree with a reference wherever the references agree
     with each other, and a V100-backend run passes ``route_check`` (``results["layers"]``: the
-    model's attention layers)."""
+    model's attention layers; ``results["heads"]``: its num_attention_heads, num_key_value_heads
+    and head_dim)."""
     runs, (r1, r2) = results["runs"], results["references"]
     ref_a, ref_b = runs[r1], runs[r2]
     spread = max_abs_gap(ref_a["prompt_logprobs"], ref_b["prompt_logprobs"])
@@ -171,7 +182,7 @@ def judge(results: dict) -> dict:
         tokens_ok = all(
             ta != tb or t == ta for t, ta, tb in zip(run["tokens"], ref_a["tokens"], ref_b["tokens"], strict=True)
         )
-        routes = route_check(run, results.get("layers", 1))
+        routes = route_check(run, results["layers"], results["heads"])
         verdicts[label] = {
             "max_logprob_gap": gap,
             "within_spread": gap <= spread + 1e-3,
