@@ -87,7 +87,9 @@ def backend_facts(cap) -> dict:
     # The builder plans a split only for heads the long-prefill route serves, from the attributes
     # this release's own builder sets in __init__ (num_heads_q; kv_cache_spec from its base class).
     builder = cls.get_builder_cls()
-    inits = "".join(inspect.getsource(f) for c in builder.__mro__[1:] if inspect.isfunction(f := vars(c).get("__init__")))
+    inits = "".join(
+        inspect.getsource(f) for c in builder.__mro__[1:] if inspect.isfunction(f := vars(c).get("__init__"))
+    )
     facts["builder_sets"] = {name: f"self.{name} =" in inits for name in ("num_heads_q", "kv_cache_spec")}
     facts["long_prefill_group"] = {
         f"{hq}/{hkv}x{d}": builder.long_prefill_group(
