@@ -64,11 +64,12 @@ from fa2patch.common.errors import Fa2PatchError
 )
 @click.option(
     "--peer",
-    type=click.Choice(["vllm-triton"]),
+    type=click.Choice(["vllm-triton", "1cat-79t"]),
     default=None,
-    help="with --shapes, also the model's time of what a V100 runs without fa2patch: vLLM 0.33's "
-    "TRITON_ATTN kernels, from their recorded sm_70 SASS (no tensor cores; "
-    "docs/peer-vllm-triton.md)",
+    help="with --shapes, also the model's time of a peer: vllm-triton, what a V100 runs without fa2patch "
+    "(vLLM 0.33's TRITON_ATTN kernels from their recorded sm_70 SASS, no tensor cores, uncalibrated; "
+    "docs/peer-vllm-triton.md); 1cat-79t, 1Cat-vLLM #628's long prefill (Q=8000, 6/1, D=256), "
+    "calibrated with its range beside our routes (docs/peer-onecat-79t.md)",
 )
 @json_option
 @pass_ctx
@@ -96,10 +97,16 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
         raise click.BadParameter("needs --shapes", param_hint="--peer")
     split_list = split_counts(splits)
     result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz), split_list, list(anchor_files))
-    if peer:
+    if peer == "vllm-triton":
         from fa2patch.peers import vllm_triton as peer_model
 
         result["peer"] = [peer_model.peer_estimate(s, Card(int(sms), clock_mhz)) for s in shape_list]
+    elif peer:
+        from fa2patch.peers import onecat_79t as peer_model
+
+        result["peer"] = [
+            peer_model.peer_estimate(s, Card(int(sms), clock_mhz), result.get("calibration")) for s in shape_list
+        ]
     if as_json:
         click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
     else:
