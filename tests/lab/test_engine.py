@@ -152,6 +152,16 @@ def test_on_a_model_the_long_prefill_route_cannot_serve_the_v100_backend_must_no
     assert not engine.judge(results({"backend": {**quiet, "segments": split}}, wide))["pass"]
 
 
+def test_a_results_file_without_the_models_heads_is_refused_by_name(tmp_path, capsys):
+    path = tmp_path / "results-gqa256.json"
+    old = results({"ours": run([[1, 2], [3, 4]], [[-1.0, -2.0], [-3.0]])})
+    del old["heads"]
+    path.write_text(json.dumps(old))
+    assert engine.main(["judge", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "missing heads" in err and "num_key_value_heads" in err
+
+
 def load_engine_run():
     spec = importlib.util.spec_from_file_location("engine_run", REPO / "ci" / "vllm-lab" / "engine_run.py")
     module = importlib.util.module_from_spec(spec)

@@ -3,6 +3,8 @@
 recipe, its records against their tiles, its cuBLAS GEMMs against the cuBLAS anchor, and its
 calibrated estimate against the times #628 publishes (never fitted)."""
 
+import json
+
 import pytest
 
 from fa2patch.common.errors import EnvironmentProblem
@@ -80,6 +82,7 @@ def test_the_published_times_fall_in_the_estimates_range(kv):
     [
         (shape(q=8192, kv=262144), "Q=8192"),
         (shape(hq=8), "Hq/Hkv=8/1"),
+        (shape(hq=12, hkv=2), "Hq/Hkv=12/2"),  # two KV heads: the recipe runs one
         (shape(d=128), "D=128"),
         (shape(causal=False), "not causal"),
         (shape(b=2), "B=2"),
@@ -113,3 +116,23 @@ def test_report_section_states_each_routes_verdict():
     assert "sm70-gqa-prefill 60.00 (55.00-70.00): route faster" in text
     assert "x3 79.00 (74.00-100.00): not separated" in text
     assert "200.00 (190.00-250.00): peer faster" in text
+
+
+def test_report_runs_the_peer_on_its_own_calibration(built_sm70, real_project):
+    """`report --peer 1cat-79t` on the real build: the peer is estimated with report's calibration and
+    range rule (its range spans the same factors as the routes' at that shape), beside them; a shape
+    it has no kernel for fails the command, naming the shape and why."""
+    shapes = "q=8000,kv=128000,hq=6,hkv=1,d=256,causal=1"
+    args = ("report", "--arch", "sm_70", "--sms", "72", "--splits", "", "--peer", "1cat-79t", "--shapes", shapes)
+    out = json.loads(real_project.run(*args, "--json").stdout)
+    (e,) = out["peer"]
+    assert e["peer"] == "1cat-79t" and e["published_ms"] == 79.97
+    route = next(p for p in out["predictions"] if p["route"] == GQA)
+    lo, hi = out["calibration"]["range"]
+    for est in (e, route):
+        assert est["calibrated_ms_low"] == pytest.approx(est["calibrated_ms"] * (1 + lo))
+        assert est["calibrated_ms_high"] == pytest.approx(est["calibrated_ms"] * (1 + hi))
+    text = real_project.run(*args).stdout
+    assert "Peer 1cat-79t" in text and "sm70-gqa-prefill" in text.split("Peer 1cat-79t")[1]
+    bad = real_project.run(*args[:-1], "q=8192,kv=262144,hq=6,hkv=1,d=256,causal=1", check_rc=2)
+    assert "1cat-79t" in bad.stderr and "Q=8192" in bad.stderr

@@ -105,7 +105,8 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
         from fa2patch.peers import onecat_79t as peer_model
 
         result["peer"] = [
-            peer_model.peer_estimate(s, Card(int(sms), clock_mhz), result.get("calibration")) for s in shape_list
+            peer_model.peer_estimate(s, Card(int(sms), clock_mhz), calibration=result["calibration"])
+            for s in shape_list
         ]
     if as_json:
         click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))

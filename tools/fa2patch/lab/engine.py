@@ -171,6 +171,12 @@ def judge(results: dict) -> dict:
     with each other, and a V100-backend run passes ``route_check`` (``results["layers"]``: the
     model's attention layers; ``results["heads"]``: its num_attention_heads, num_key_value_heads
     and head_dim)."""
+    missing = [k for k in ("runs", "references", "layers", "heads") if k not in results]
+    if missing:
+        raise ValueError(
+            f"missing {', '.join(missing)}: ci/vllm-lab/engine_run.py writes runs, references, layers and "
+            "heads ({num_attention_heads, num_key_value_heads, head_dim})"
+        )
     runs, (r1, r2) = results["runs"], results["references"]
     ref_a, ref_b = runs[r1], runs[r2]
     spread = max_abs_gap(ref_a["prompt_logprobs"], ref_b["prompt_logprobs"])
@@ -216,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         m = assemble(args.parts, args.site)
         print(f"{args.site}: {m['wheel']} ({len(m['parts'])} parts)")
         return 0
-    verdict = judge(json.loads(args.results.read_text()))
+    try:
+        verdict = judge(json.loads(args.results.read_text()))
+    except ValueError as exc:
+        print(f"{args.results}: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(verdict, indent=1))
     return 0 if verdict["pass"] else 1
 

@@ -40,8 +40,8 @@ def check(shape: Shape, plan: dict) -> None:
         for what, bad in (
             (f"Q={shape.q} (the recipe compiles Q={QUERY_TOKENS} only)", shape.q != QUERY_TOKENS),
             (
-                f"Hq/Hkv={shape.hq}/{shape.hkv} (it packs {plan['group']} per KV head)",
-                shape.hq != plan["group"] * shape.hkv,
+                f"Hq/Hkv={shape.hq}/{shape.hkv} (it runs {plan['group']} query heads on one KV head)",
+                (shape.hq, shape.hkv) != (plan["group"], 1),
             ),
             (f"D={shape.d} (it is D={plan['head_dim']})", shape.d != plan["head_dim"]),
             ("not causal", not shape.causal),
@@ -173,13 +173,16 @@ def published(shape: Shape) -> float | None:
     return entry["values_ms"].get(f"Q={shape.q} KV={shape.kv}") if shape.hq == 6 and shape.hkv == 1 else None
 
 
-def peer_estimate(shape: Shape, card: Card, calibration: dict | None = None, v100: dict | None = None) -> dict:
+def peer_estimate(
+    shape: Shape, card: Card, data: dict | None = None, v100: dict | None = None, *, calibration: dict | None = None
+) -> dict:
     """The peer's call for ``shape`` on ``card``: model and calibrated time with its range (the routes'
-    own calibration and range rule: report.route_estimate), the plan, and the published time where
+    own calibration and range rule: report.route_estimate; ``calibration``: report's, e.g. refitted
+    with --anchors; default: the published anchors' fit), the plan, and the published time where
     there is one (never fitted)."""
+    calibration = calibration or (calibrate(v100) if v100 else calibrate())
     v100 = v100 or load_v100()
-    calibration = calibration or calibrate(v100)
-    launches, plan = peer_launches(shape, v100=v100)
+    launches, plan = peer_launches(shape, data, v100)
     est = route_estimate(launches, card, v100, calibration)
     return {
         "peer": NAME,
