@@ -97,23 +97,21 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
         raise click.BadParameter("needs --shapes", param_hint="--peer")
     split_list = split_counts(splits)
     result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz), split_list, list(anchor_files))
-    if peer == "vllm-triton":
-        from fa2patch.peers import vllm_triton as peer_model
+    if peer:
+        from fa2patch.peers import onecat_79t, vllm_triton
 
-        result["peer"] = [peer_model.peer_estimate(s, Card(int(sms), clock_mhz)) for s in shape_list]
-    elif peer:
-        from fa2patch.peers import onecat_79t as peer_model
-
-        result["peer"] = [
-            peer_model.peer_estimate(s, Card(int(sms), clock_mhz), calibration=result["calibration"])
-            for s in shape_list
-        ]
+        card = Card(int(sms), clock_mhz)
+        if peer == "vllm-triton":
+            result["peer"] = [vllm_triton.peer_estimate(s, card) for s in shape_list]
+        else:  # the routes' own calibration (refitted with --anchors where given)
+            result["peer"] = [onecat_79t.peer_estimate(s, card, calibration=result["calibration"]) for s in shape_list]
+        render_peer = {"vllm-triton": vllm_triton.render, "1cat-79t": onecat_79t.render}[peer]
     if as_json:
         click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
     else:
         click.echo(render(result))
         if peer:
-            click.echo("\n" + peer_model.render(result["peer"], result.get("predictions", [])))
+            click.echo("\n" + render_peer(result["peer"], result.get("predictions", [])))
 
 
 @cli.command()
