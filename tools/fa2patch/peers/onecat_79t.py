@@ -19,6 +19,7 @@ with the published times.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
@@ -62,9 +63,7 @@ def cublas_gemm(name: str, qk: dict, m: int, n: int, k: int, batch: int, hbm_byt
     mmas = qk["tile_m"] * qk["tile_n"] * qk["tile_k"] // v100["fma_per_mma884"] // qk["warps"]
     loop = LoopMix(instructions=mmas, hmma_f16_steps=2 * mmas)
     one = gemm_launch(name, loop, qk, m, n, k, hbm_bytes, prologue_load_rounds=0)
-    return KernelLaunch(
-        name, loop, one.iterations * batch, qk["warps"], qk["ctas_per_sm"], prologue_load_rounds=0, hbm_bytes=hbm_bytes
-    )
+    return replace(one, iterations=one.iterations * batch)  # the batch's GEMMs in one grid
 
 
 def traffic(name: str, hbm_bytes: float) -> KernelLaunch:
