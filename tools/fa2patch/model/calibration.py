@@ -16,10 +16,13 @@ Every anchor is also predicted by a fit without it (leave-one-out) and by a fit 
 anchor of its kernel class (leave-one-kernel-out: the kernels' ``class`` in anchors.toml, a user's
 anchor by its route). The second is the error that matters for our own kernels, which no anchor
 measures; where the remaining anchors hold no fused kernel, ``cta_cycles`` is not identified and
-that fit holds it at 0 (the term no remaining evidence asks for). An estimate's range is the point
-times (1 + the smallest) .. (1 + the largest) residual of both kinds: how far off the model was on
-each published kernel, or kernel class, it was not fitted to. Two routes are "separated" where
-their ranges do not overlap.
+that fit holds it at 0 (the term no remaining evidence asks for).
+
+An estimate's range is the point times (1 + the smallest) .. (1 + the largest) held-out residual
+that applies to it: every anchor's leave-one-out residual, and the leave-one-kernel-out residuals
+of the kernel class its route shares its structure with (anchors.toml ``[route_class]``: a fused
+FA2 grid, or KV-blocked GEMM tiles); a route of no class takes every class's. Two routes are
+"separated" where their ranges do not overlap.
 """
 
 import math
@@ -343,6 +346,9 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
             "parameters": c["parameters"],
             "cta_identified": c["cta_identified"],
             "loko_range": spread(c["residuals"]),
+            # The range of an estimate of this class: its own held-out residuals and every anchor's
+            # leave-one-out residual.
+            "range": spread([*loo_range, *c["residuals"]]),
         }
         for c in by_class
     ]
@@ -355,12 +361,14 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
         "loo_range": loo_range,
         "loko_range": loko_range,
         "range": [min(loo_range[0], loko_range[0]), max(loo_range[1], loko_range[1])],
+        "route_ranges": route_ranges(data.get("route_class", {}), classes),
         "within_targets": all(
             abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"] for r in held
         ),
         "loko_within_target": loko_within(rows, targets["loko"]),
-        "range_rule": "point x (1 + smallest) .. (1 + largest) of the anchors' leave-one-out and "
-        "leave-one-kernel-out residuals",
+        "range_rule": "point x (1 + smallest) .. (1 + largest) of every anchor's leave-one-out residual and "
+        "the leave-one-kernel-out residuals of the route's kernel class (anchors.toml [route_class]; a "
+        "route of no class: every class's)",
     }
     if key is None:
         _CACHE[None] = out
@@ -378,9 +386,27 @@ def loko_within(rows: list[dict], target: float) -> bool:
 USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "throttled")
 
 
-def with_range(ms: float, calibration: dict) -> dict:
-    """An estimate with its range (``calibrate``'s range rule); the range always holds the point."""
-    lo, hi = calibration["range"]
+def route_ranges(route_class: dict, classes: list[dict]) -> dict:
+    """{route: [lo, hi]} from anchors.toml's [route_class] (a route names one or more classes; the
+    range spans theirs, and that of users' anchors of the route itself, `report --anchors`). A
+    class that no anchor measures is an error in the data."""
+    by_name = {c["class"]: c["range"] for c in classes}
+    out = {}
+    for route, entry in route_class.items():
+        missing = [c for c in entry["classes"] if c not in by_name]
+        if missing:
+            raise ValueError(
+                f"anchors.toml [route_class] {route}: no anchor of class {missing[0]!r} (classes: {sorted(by_name)})"
+            )
+        own = [f"fa2patch {route}"] if f"fa2patch {route}" in by_name else []  # users' anchors of the route
+        out[route] = spread([x for c in [*entry["classes"], *own] for x in by_name[c]])
+    return out
+
+
+def with_range(ms: float, calibration: dict, route: str | None = None) -> dict:
+    """An estimate of ``route`` with its range (``calibrate``'s range rule: the route's class's, or
+    every class's for a route of none); the range always holds the point."""
+    lo, hi = calibration.get("route_ranges", {}).get(route, calibration["range"])
     return {
         "calibrated_ms": ms,
         "calibrated_ms_low": ms * min(1.0, 1.0 + lo),
@@ -411,15 +437,18 @@ def header_text(calibration: dict) -> str:
     p, (lo, hi), (llo, lhi) = calibration["parameters"], calibration["residual_range"], calibration["loo_range"]
     rlo, rhi = calibration["range"]
     classes = "; ".join(class_text(c) for c in calibration["classes"])
+    routes = ", ".join(f"{r} {lo:+.1%} .. {hi:+.1%}" for r, (lo, hi) in calibration.get("route_ranges", {}).items())
     target = calibration["targets"]["loko"]
     held = "held" if calibration["loko_within_target"] else "NOT held"
     return (
         f"calibrated: the model with cycle factor {p['cycle_factor']:.3f} and {p['cta_cycles']:,.0f} cycles per "
         f"fused-attention CTA, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
         f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); leave-one-kernel-out by class: {classes} (target "
-        f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 {rlo:+.1%}) .. "
-        f"(1 {rhi:+.1%}), how far off the model was on each anchor or kernel class it was not fitted to; two "
-        f"routes are separated where their ranges do not overlap."
+        f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 + the smallest) .. "
+        f"(1 + the largest) of every anchor's leave-one-out residual and the leave-one-kernel-out residuals of "
+        f"the route's kernel class ({routes}; any other route: {rlo:+.1%} .. {rhi:+.1%}), how far off the model was "
+        f"on each anchor or kernel class it was not fitted to; two routes are separated where their ranges do "
+        f"not overlap."
     )
 
 

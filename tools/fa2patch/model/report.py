@@ -42,7 +42,16 @@ from fa2patch.model import gqa_route
 from fa2patch.model.calibration import calibrate, faster_if_separated, with_range
 from fa2patch.model.exact_route import COMBINE_KERNEL, dense_launches, splitkv_launches
 from fa2patch.model.sass_mix import combine_row, loop_row, outside_row, tile_code
-from fa2patch.model.v100model import Calibration, Card, KernelLaunch, estimate_route, load_v100, lower_bound, occupancy
+from fa2patch.model.v100model import (
+    Calibration,
+    Card,
+    KernelLaunch,
+    estimate_route,
+    load_v100,
+    lower_bound,
+    occupancy,
+    peak_tflops,
+)
 
 GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
 TILE_FIELDS = ("rows_per_cta", "keys_per_iteration", "head_dims_per_iteration")
@@ -152,10 +161,12 @@ def kernel_rows(
     return out
 
 
-def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict) -> dict:
+def route_estimate(
+    launches: list[KernelLaunch], card: Card, v100: dict, calibration: dict, route: str | None = None
+) -> dict:
     """Bound, model and calibrated time of a route made of ``launches`` (run one after another, at
-    the clock the route's tensor duty allows); the calibrated time with its range
-    (calibration.with_range). ``calibration``: calibrate()'s result (its ``parameters``, ``range``).
+    the clock the route's tensor duty allows); the calibrated time with the range of ``route``'s
+    kernel class (calibration.with_range). ``calibration``: calibrate()'s result.
     Per launch: the model's details, its calibrated time with its range and what limits it once
     calibrated."""
     model = estimate_route(launches, card, v100)
@@ -163,7 +174,7 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
     details = [
         {
             **m,
-            **with_range(c["ms"], calibration),
+            **with_range(c["ms"], calibration, route),
             "calibrated_clock_mhz": c["clock_mhz"],
             "limited_by": c["limited_by"],
             "bound": lower_bound(x, card, v100),
@@ -176,7 +187,7 @@ def route_estimate(launches: list[KernelLaunch], card: Card, v100: dict, calibra
         "model_ms": model["ms"],
         "tensor_duty": cal["tensor_duty"],
         "clock_mhz": cal["clock_mhz"],
-        **with_range(cal["ms"], calibration),
+        **with_range(cal["ms"], calibration, route),
     }
 
 
@@ -279,9 +290,13 @@ def prediction(
     v100: dict,
     calibration: dict,
 ) -> dict:
-    est = route_estimate(launches, card, v100, calibration)
+    est = route_estimate(launches, card, v100, calibration, route)
     flops = useful_flops(shape)
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
+    # The calibrated floor of any tensor-core kernel: the useful FLOPs alone with the tensor pipes
+    # busy all the time, at the clock that duty allows (the 300 W cap), each cycle the calibrated
+    # factor's. A route at its floor has nothing left to gain on this model.
+    floor_tflops = peak_tflops(card, card.clock_at(1.0, v100), v100) / calibration["parameters"]["cycle_factor"]
     return {
         "label": shape.label,
         "route": route,
@@ -295,6 +310,8 @@ def prediction(
         "calibrated_tflops_low": tflops(est["calibrated_ms_high"]),
         "calibrated_tflops_high": tflops(est["calibrated_ms_low"]),
         "hbm_limited_launches": sum(x["limited_by"] == "hbm" for x in est["launches"]),
+        "floor_ms": flops / (floor_tflops * 1e12) * 1e3,
+        "floor_tflops": floor_tflops,
     }
 
 

@@ -182,7 +182,7 @@ def peer_estimate(
     calibration = calibration or (calibrate(v100) if v100 else calibrate())
     v100 = v100 or load_v100()
     launches, plan = peer_launches(shape, data, v100)
-    est = route_estimate(launches, card, v100, calibration)
+    est = route_estimate(launches, card, v100, calibration, NAME)
     return {
         "peer": NAME,
         "label": shape.label,
