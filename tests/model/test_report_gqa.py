@@ -205,6 +205,19 @@ def test_route_estimate_and_ab_against_the_dense_route():
     # Ranges of +-10%: separated only where one route is more than 1.1 / 0.9 = 1.22x faster.
     expected = "faster" if g["vs_dense"] > 1.1 / 0.9 else "slower" if g["vs_dense"] < 0.9 / 1.1 else "not separated"
     assert g["vs_dense_verdict"] == expected
+    # Each route with its own class's range (anchors.toml [route_class]): a narrow one for the
+    # long-prefill route separates it at a smaller margin.
+    by_class = {**CAL, "route_ranges": {GQA: [-0.01, 0.01]}}
+    d2, g2 = predict_routes(shape, [dense, gqa], Card(80, 1000), V100, by_class, ARTIFACT, (), plans)
+    assert (g2["calibrated_ms_low"], g2["calibrated_ms_high"]) == (
+        pytest.approx(0.99 * g2["calibrated_ms"]),
+        pytest.approx(1.01 * g2["calibrated_ms"]),
+    )
+    assert d2["calibrated_ms_high"] == pytest.approx(1.1 * d2["calibrated_ms"])
+    ratio = g2["vs_dense"]
+    assert g2["vs_dense_verdict"] == (
+        "faster" if ratio > 1.01 / 0.9 else "slower" if ratio < 0.99 / 1.1 else "not separated"
+    )
     assert g["calibrated_ms"] == pytest.approx(1.5 * g["model_ms"]) and g["bound_ms"] < g["model_ms"]
     assert len(g["launches"]) == g["plan"]["blocks"] + 1 == len(plans[gqa_route.sizes(shape)]["steps"])
     # Not eligible: non-causal, another head dim, a batch: the dense route alone (no plan asked for).

@@ -368,6 +368,42 @@ def test_ranges_and_separation_by_hand():
     assert c.with_range(5.0, {"range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
 
 
+def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave_one_out():
+    """Recomputed from the anchors' rows: a route of the split-D class spans every leave-one-out
+    residual and the split-D anchors' leave-one-kernel-out ones; the long-prefill route (KV-blocked
+    GEMM tiles) those of #286's blocked GEMMs; a route named with two classes spans both; an
+    unknown route takes every residual of both kinds; every route the report estimates has a class."""
+    cal = c.calibrate()
+    rows = cal["anchors"]
+    loos = [a["loo_residual"] for a in rows]
+
+    def expected(*classes):
+        values = loos + [a["loko_residual"] for a in rows if a["class"] in classes]
+        return [pytest.approx(min(values)), pytest.approx(max(values))]
+
+    split_d, gemms, cublas = "split-D fused FA2 (1Cat-vLLM)", "blocked CUTLASS GEMMs (1Cat-vLLM #286)", "cuBLAS FP16 GEMM"
+    ranges = cal["route_ranges"]
+    assert ranges["sm70-dense"] == expected(split_d) and ranges["sm70-dense-splitkv"] == expected(split_d)
+    assert ranges["sm70-gqa-prefill"] == expected(gemms)
+    assert ranges["v100-backend"] == expected(split_d, gemms) and ranges["1cat-79t"] == expected(gemms, cublas)
+    assert c.with_range(10.0, cal, "sm70-gqa-prefill")["calibrated_ms_high"] == pytest.approx(10 * (1 + max(loos)))
+    assert c.with_range(10.0, cal, "a new kernel")["calibrated_ms_high"] == pytest.approx(10 * (1 + cal["range"][1]))
+    with pytest.raises(ValueError, match=r"\[route_class\] x: no anchor of class 'nothing'"):
+        c.route_ranges({"x": {"classes": ["nothing"]}}, cal["classes"])
+
+
+def test_the_floor_is_the_tensor_peak_at_the_power_capped_clock_over_the_cycle_factor():
+    """Recomputed from the whitepaper's units: 8 tensor cores x 64 FMA x 2 FLOP per SM and clock at
+    the sustained clock, over the fitted cycle factor; no route of a real report comes out below it
+    (the report-shape tests' build: tests/model/test_report_shapes.py)."""
+    cal = c.calibrate()
+    card = Card(72, 1530)
+    floor = m.peak_tflops(card, card.clock_at(1.0, V100), V100) / cal["parameters"]["cycle_factor"]
+    assert floor == pytest.approx(72 * 8 * 64 * 2 * CAPPED * 1e6 / 1e12 / cal["parameters"]["cycle_factor"])
+    # A locked clock below the cap lowers it.
+    assert m.peak_tflops(Card(72, 1000), Card(72, 1000).clock_at(1.0, V100), V100) < floor
+
+
 def test_the_gemm_rate_anchor_by_hand():
     data = m.load_data("anchors.toml")
     anchor = next(a for a in data["anchor"] if a["workload"]["kind"] == "tensor-peak")

@@ -197,9 +197,10 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
         *splits[3:],
     ]
     prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
-    lo, hi = out["calibration"]["range"]
     for p in (prefill, gqa, decode):
+        lo, hi = out["calibration"]["route_ranges"][p["route"]]  # its kernel class's range
         assert p["bound_ms"] < p["model_ms"]
+        assert p["floor_ms"] < p["calibrated_ms"]
         assert p["calibrated_ms_low"] == pytest.approx(p["calibrated_ms"] * min(1, 1 + lo))
         assert p["calibrated_ms_high"] == pytest.approx(p["calibrated_ms"] * max(1, 1 + hi))
     assert gqa["vs_dense"] == prefill["calibrated_ms"] / gqa["calibrated_ms"]

@@ -120,7 +120,7 @@ def test_report_section_states_each_routes_verdict():
 
 def test_report_runs_the_peer_on_its_own_calibration(built_sm70, real_project):
     """`report --peer 1cat-79t` on the real build: the peer is estimated with report's calibration and
-    range rule (its range spans the same factors as the routes' at that shape), beside them; a shape
+    range rule (its range that of its kernel classes, the routes' theirs), beside them; a shape
     it has no kernel for fails the command, naming the shape and why."""
     shapes = "q=8000,kv=128000,hq=6,hkv=1,d=256,causal=1"
     args = ("report", "--arch", "sm_70", "--sms", "72", "--splits", "", "--peer", "1cat-79t", "--shapes", shapes)
@@ -128,8 +128,8 @@ def test_report_runs_the_peer_on_its_own_calibration(built_sm70, real_project):
     (e,) = out["peer"]
     assert e["peer"] == "1cat-79t" and e["published_ms"] == 79.97
     route = next(p for p in out["predictions"] if p["route"] == GQA)
-    lo, hi = out["calibration"]["range"]
-    for est in (e, route):
+    for est, name in ((e, "1cat-79t"), (route, GQA)):
+        lo, hi = out["calibration"]["route_ranges"][name]  # each with its kernel class's range
         assert est["calibrated_ms_low"] == pytest.approx(est["calibrated_ms"] * (1 + lo))
         assert est["calibrated_ms_high"] == pytest.approx(est["calibrated_ms"] * (1 + hi))
     text = real_project.run(*args).stdout
