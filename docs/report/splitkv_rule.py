@@ -5,8 +5,8 @@ how a rule on host-side call properties agrees with it.
 Runs report's model in-process on the sm_70 build (its SASS read once) over a grid of calls on 72
 and 80 SMs: single prefill sequences (heads x head dim x Q x KV) and batches of one prefill chunk
 with decode rows (decode=N, dkv=K). Per call and split count: the exact route's and the split
-route's calibrated times, their ratio and verdict (report.versus: the calibration's ranges, from
-its leave-one-out and leave-one-kernel-out residuals), and the ratio's spread over the 14
+route's calibrated times, their ratio and verdict (report.versus_one_kernel: the ratio under every
+held-out parameter set against the split-D class's leave-one-out margin), and the ratio's spread over the 14
 leave-one-out parameter sets and over the 3 leave-one-kernel-out ones (the model's parameter
 uncertainty for two routes that share one kernel; without split-D's anchors the cost per fused CTA
 is 0). Then the proposed rule
@@ -114,10 +114,11 @@ def run(artifact: Path) -> None:
             }
             for s in SPLITS:
                 split = report.predict_split(shape, rows, card, v100, cal, artifact, s)
-                v = report.versus(split, dense, "vs_dense")
                 launches = report.splitkv_launches(
                     shape, kernel, next(k["combine"] for k in rows if "combine" in k), s
                 )[0]
+                both = (launches, report.dense_launches(shape, kernel, card)[0])
+                v = report.versus_one_kernel(split, dense, "vs_dense", both, card, v100, cal)
                 timer = route_timer(launches, card, v100)
                 spread = [dense_timer(c) / timer(c) for c in loo]
                 by_kernel = [dense_timer(c) / timer(c) for c in loko]

@@ -361,6 +361,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
         "loo_range": loo_range,
         "loko_range": loko_range,
         "range": [min(loo_range[0], loko_range[0]), max(loo_range[1], loko_range[1])],
+        "route_class": data.get("route_class", {}),
         "route_ranges": route_ranges(data.get("route_class", {}), classes),
         "within_targets": all(
             abs(r["residual"]) <= targets["residual"] and abs(r["loo_residual"]) <= targets["loo"] for r in held

@@ -51,6 +51,7 @@ from fa2patch.model.v100model import (
     lower_bound,
     occupancy,
     peak_tflops,
+    route_timer,
 )
 
 GEOMETRY = ("head_dim", "rows_per_cta", "keys_per_iteration", "warps")
@@ -324,6 +325,49 @@ def versus(p: dict, other: dict, key: str) -> dict:
     return {key: other["calibrated_ms"] / p["calibrated_ms"], f"{key}_verdict": VERDICT[faster_if_separated(p, other)]}
 
 
+def held_out_parameters(calibration: dict) -> list[Calibration]:
+    """Every held-out fit of the calibration: one per anchor left out, one per kernel class left out
+    (where other classes remain)."""
+    loo = [Calibration(**a["loo_parameters"]) for a in calibration.get("anchors", [])]
+    return loo + [Calibration(**c["parameters"]) for c in calibration.get("classes", []) if c["parameters"]]
+
+
+def versus_one_kernel(
+    p: dict,
+    other: dict,
+    key: str,
+    launches: tuple[list[KernelLaunch], list[KernelLaunch]],
+    card: Card,
+    v100: dict,
+    calibration: dict,
+) -> dict:
+    """``versus`` for two routes of one kernel (the exact route split and unsplit), whose errors are
+    not independent: the yardstick is their ratio under every held-out parameter set
+    (``key``_held_out: its least and largest; without split-D's anchors the cost per fused CTA is 0,
+    so the term that shorter CTAs pay more of is bracketed), against how far the model's errors on
+    two configurations of one kernel differ: (1 + the largest) / (1 + the smallest) leave-one-out
+    residual of the route's kernel class (``key``_needs). "faster" or "slower" where the ratio clears
+    that margin under every set. Without held-out fits (a hand-made calibration), the ranges."""
+    sets = held_out_parameters(calibration)
+    out = versus(p, other, key)
+    if not sets:
+        return out
+    mine, theirs = (route_timer(x, card, v100) for x in launches)
+    ratios = [theirs(c) / mine(c) for c in sets]
+    lo, hi = min(ratios), max(ratios)
+    margin = one_kernel_margin(calibration, p["route"])
+    verdict = "faster" if lo > margin else "slower" if hi < 1 / margin else "not separated"
+    return {**out, f"{key}_verdict": verdict, f"{key}_held_out": [lo, hi], f"{key}_needs": margin}
+
+
+def one_kernel_margin(calibration: dict, route: str) -> float:
+    """(1 + the largest) / (1 + the smallest) leave-one-out residual of the anchors of ``route``'s
+    kernel classes (anchors.toml [route_class]; every anchor's for a route of none)."""
+    classes = calibration.get("route_class", {}).get(route, {}).get("classes")
+    loo = [a["loo_residual"] for a in calibration["anchors"] if classes is None or a["class"] in classes]
+    return (1 + max(loo)) / (1 + min(loo))
+
+
 def predict_routes(
     shape: Shape,
     rows: list[dict],
@@ -350,7 +394,16 @@ def predict_routes(
     for n in splits:
         split = predict_split(shape, rows, card, v100, calibration, artifact, n)
         if split is not None:
-            out.append({**split, **versus(split, dense, "vs_dense"), **(versus(split, gqa, "vs_gqa") if gqa else {})})
+            kernel = dense_kernel(shape, rows, artifact)
+            combine = next(k["combine"] for k in rows if "combine" in k)
+            both = (splitkv_launches(shape, kernel, combine, n)[0], dense_launches(shape, kernel, card)[0])
+            out.append(
+                {
+                    **split,
+                    **versus_one_kernel(split, dense, "vs_dense", both, card, v100, calibration),
+                    **(versus(split, gqa, "vs_gqa") if gqa else {}),
+                }
+            )
     return out
 
 
