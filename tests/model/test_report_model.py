@@ -381,7 +381,11 @@ def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave
         values = loos + [a["loko_residual"] for a in rows if a["class"] in classes]
         return [pytest.approx(min(values)), pytest.approx(max(values))]
 
-    split_d, gemms, cublas = "split-D fused FA2 (1Cat-vLLM)", "blocked CUTLASS GEMMs (1Cat-vLLM #286)", "cuBLAS FP16 GEMM"
+    split_d, gemms, cublas = (
+        "split-D fused FA2 (1Cat-vLLM)",
+        "blocked CUTLASS GEMMs (1Cat-vLLM #286)",
+        "cuBLAS FP16 GEMM",
+    )
     ranges = cal["route_ranges"]
     assert ranges["sm70-dense"] == expected(split_d) and ranges["sm70-dense-splitkv"] == expected(split_d)
     assert ranges["sm70-gqa-prefill"] == expected(gemms)

@@ -116,7 +116,9 @@ def test_prediction_arithmetic_by_hand():
     assert p["calibrated_tflops"] == pytest.approx(flops / (p["calibrated_ms"] * 1e-3) / 1e12)
     # Floor: 80 SMs x 1024 FLOP per clock at the locked 1000 MHz, each cycle 1.5 calibrated ones.
     assert p["floor_tflops"] == pytest.approx(80 * 1024 * 1e9 / 1e12 / 1.5)
-    assert p["floor_ms"] == pytest.approx(flops / (p["floor_tflops"] * 1e12) * 1e3) and p["floor_ms"] < p["calibrated_ms"]
+    assert (
+        p["floor_ms"] == pytest.approx(flops / (p["floor_tflops"] * 1e12) * 1e3) and p["floor_ms"] < p["calibrated_ms"]
+    )
     # HBM: q and out 640*9*64*2 each, lse 640*9*4, k and v 320*64*2 each; far below compute here.
     assert main["hbm_ms"] == pytest.approx((2 * 640 * 9 * 64 * 2 + 640 * 9 * 4 + 2 * 320 * 64 * 2) / 900e9 * 1e3)
 

@@ -4,6 +4,7 @@ literal walk of the kernel's rule, the partial-buffer bytes and the combine kern
 whole split route timed by hand, and the verdicts against the unsplit exact route and the
 long-prefill route."""
 
+import itertools
 from dataclasses import replace
 from pathlib import Path
 
@@ -232,3 +233,45 @@ def test_split_rows_and_their_verdicts():
         EXACT,
         GQA,
     ]
+
+
+def test_split_and_unsplit_are_judged_by_their_ratio_under_every_held_out_fit():
+    """Two routes of one kernel: the verdict is the ratio exact / split under each held-out parameter
+    set (recomputed here with estimate_route), against (1 + the largest) / (1 + the smallest)
+    leave-one-out residual of the route's class; the ranges play no part (x0.9 .. x1.2 here would
+    need 1.33x)."""
+    from fa2patch.model.report import dense_launches, splitkv_launches
+    from fa2patch.model.v100model import Calibration, estimate_route
+
+    dense = kernel_row(256, instructions=2000, warps=8)
+    rows = [dense, {"kernel": "combine", "combine": combine_row(), "hot_loops": []}]
+    card = Card(72, 1000)
+    sets = [{"cycle_factor": 1.5, "cta_cycles": 0.0}, {"cycle_factor": 1.4, "cta_cycles": 60000.0}]
+    residuals = [-0.05, 0.05]  # margin 1.05 / 0.95 = 1.105
+    cal = {
+        **CAL,
+        "anchors": [
+            {"loo_parameters": p, "loo_residual": r, "class": "fused"} for p, r in zip(sets, residuals, strict=True)
+        ],
+        "classes": [{"class": "fused", "parameters": None}],
+        "route_class": {SPLITKV: {"classes": ["fused"]}},
+    }
+    verdicts = set()
+    # Q=1,024: every split clears 1.105 under both sets (x2: 1.29-1.32, where the ranges would not
+    # separate); Q=4,096: none does.
+    for shape, n in itertools.product(
+        (Shape(1024, 16384, 6, 1, 256, True, 0.0625), Shape(4096, 32768, 6, 1, 256, True, 0.0625)), (2, 3, 4)
+    ):
+        split = next(p for p in predict_routes(shape, rows, card, V100, cal, ARTIFACT, (n,)) if p["route"] == SPLITKV)
+        ratios = [
+            estimate_route(dense_launches(shape, dense, card)[0], card, V100, Calibration(**p))["ms"]
+            / estimate_route(splitkv_launches(shape, dense, combine_row(), n)[0], card, V100, Calibration(**p))["ms"]
+            for p in sets
+        ]
+        assert split["vs_dense_held_out"] == [pytest.approx(min(ratios)), pytest.approx(max(ratios))]
+        assert split["vs_dense_needs"] == pytest.approx(1.05 / 0.95)
+        lo, hi = min(ratios), max(ratios)
+        expected = "faster" if lo > 1.05 / 0.95 else "slower" if hi < 0.95 / 1.05 else "not separated"
+        assert split["vs_dense_verdict"] == expected
+        verdicts.add((shape.q, expected))
+    assert verdicts == {(1024, "faster"), (4096, "not separated")}
