@@ -5,7 +5,7 @@ how a rule on host-side call properties agrees with it.
 Runs report's model in-process on the sm_70 build (its SASS read once) over a grid of calls on 72
 and 80 SMs: single prefill sequences (heads x head dim x Q x KV) and batches of one prefill chunk
 with decode rows (decode=N, dkv=K). Per call and split count: the exact route's and the split
-route's calibrated times, their ratio and verdict (report.versus_one_kernel: the ratio under every
+route's calibrated times, their ratio and verdict (ranges.versus_one_kernel: the ratio under every
 held-out parameter set against the split-D class's leave-one-out margin), and the ratio's spread over the 14
 leave-one-out parameter sets and over the 3 leave-one-kernel-out ones (the model's parameter
 uncertainty for two routes that share one kernel; without split-D's anchors the cost per fused CTA
@@ -76,6 +76,7 @@ def run(artifact: Path) -> None:
     from fa2patch.compile.extension import launches_of, load_build_info
     from fa2patch.model import report
     from fa2patch.model.calibration import calibrate
+    from fa2patch.model.ranges import held_out_parameters, versus_one_kernel
     from fa2patch.model.v100model import Calibration, Card, load_v100, route_timer
 
     v100 = load_v100()
@@ -117,8 +118,9 @@ def run(artifact: Path) -> None:
                 launches = report.splitkv_launches(
                     shape, kernel, next(k["combine"] for k in rows if "combine" in k), s
                 )[0]
-                both = (launches, report.dense_launches(shape, kernel, card)[0])
-                v = report.versus_one_kernel(split, dense, "vs_dense", both, card, v100, cal)
+                held_out = [Calibration(**x) for x in held_out_parameters(cal)]
+                mine = route_timer(launches, card, v100)
+                v = versus_one_kernel(split, dense, "vs_dense", [dense_timer(c) / mine(c) for c in held_out], cal)
                 timer = route_timer(launches, card, v100)
                 spread = [dense_timer(c) / timer(c) for c in loo]
                 by_kernel = [dense_timer(c) / timer(c) for c in loko]

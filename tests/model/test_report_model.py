@@ -7,9 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from fa2patch.model import calibration as c, loop_mix, sass_mix, v100model as m
+from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.model import calibration as c, loop_mix, ranges, sass_mix, v100model as m
 from fa2patch.model.loop_mix import LoopMix
+from fa2patch.model.report import PER_REQUEST
 from fa2patch.model.v100model import Calibration, Card, KernelLaunch
+from fa2patch.peers.onecat_79t import NAME as ONECAT
 from helpers import REPO
 
 V100 = m.load_v100()
@@ -358,14 +361,16 @@ def test_leave_one_out_residuals_are_the_fit_without_the_anchor():
 
 def test_ranges_and_separation_by_hand():
     cal = {"range": [-0.1, 0.2]}
-    a = c.with_range(10.0, cal)
+    a = ranges.with_range(10.0, cal)
     assert (a["calibrated_ms_low"], a["calibrated_ms_high"]) == (pytest.approx(9.0), pytest.approx(12.0))
-    b = c.with_range(13.0, cal)  # 11.7 .. 15.6 overlaps 9 .. 12
-    assert not c.separated(a, b) and c.faster_if_separated(a, b) == "not separated"
-    d = c.with_range(14.0, cal)  # 12.6 .. 16.8 does not
-    assert c.separated(a, d) and c.faster_if_separated(a, d) == "a" and c.faster_if_separated(d, a) == "b"
+    b = ranges.with_range(13.0, cal)  # 11.7 .. 15.6 overlaps 9 .. 12
+    assert not ranges.separated(a, b) and ranges.faster_if_separated(a, b) == "not separated"
+    d = ranges.with_range(14.0, cal)  # 12.6 .. 16.8 does not
+    assert (
+        ranges.separated(a, d) and ranges.faster_if_separated(a, d) == "a" and ranges.faster_if_separated(d, a) == "b"
+    )
     # The range always holds the point, even if every residual has one sign.
-    assert c.with_range(5.0, {"range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
+    assert ranges.with_range(5.0, {"range": [0.05, 0.1]})["calibrated_ms_low"] == 5.0
 
 
 def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave_one_out():
@@ -386,26 +391,17 @@ def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave
         "blocked CUTLASS GEMMs (1Cat-vLLM #286)",
         "cuBLAS FP16 GEMM",
     )
-    ranges = cal["route_ranges"]
-    assert ranges["sm70-dense"] == expected(split_d) and ranges["sm70-dense-splitkv"] == expected(split_d)
-    assert ranges["sm70-gqa-prefill"] == expected(gemms)
-    assert ranges["v100-backend"] == expected(split_d, gemms) and ranges["1cat-79t"] == expected(gemms, cublas)
-    assert c.with_range(10.0, cal, "sm70-gqa-prefill")["calibrated_ms_high"] == pytest.approx(10 * (1 + max(loos)))
-    assert c.with_range(10.0, cal, "a new kernel")["calibrated_ms_high"] == pytest.approx(10 * (1 + cal["range"][1]))
+    by_route = cal["route_ranges"]
+    assert by_route.keys() == {EXACT, SPLITKV, GQA, PER_REQUEST, ONECAT}  # the names predictions carry
+    assert by_route[EXACT] == expected(split_d) and by_route[SPLITKV] == expected(split_d)
+    assert by_route[GQA] == expected(gemms)
+    assert by_route[PER_REQUEST] == expected(split_d, gemms) and by_route[ONECAT] == expected(gemms, cublas)
+    assert ranges.with_range(10.0, cal, GQA)["calibrated_ms_high"] == pytest.approx(10 * (1 + max(loos)))
+    assert ranges.with_range(10.0, cal, "a new kernel")["calibrated_ms_high"] == pytest.approx(
+        10 * (1 + cal["range"][1])
+    )
     with pytest.raises(ValueError, match=r"\[route_class\] x: no anchor of class 'nothing'"):
-        c.route_ranges({"x": {"classes": ["nothing"]}}, cal["classes"])
-
-
-def test_the_floor_is_the_tensor_peak_at_the_power_capped_clock_over_the_cycle_factor():
-    """Recomputed from the whitepaper's units: 8 tensor cores x 64 FMA x 2 FLOP per SM and clock at
-    the sustained clock, over the fitted cycle factor; no route of a real report comes out below it
-    (the report-shape tests' build: tests/model/test_report_shapes.py)."""
-    cal = c.calibrate()
-    card = Card(72, 1530)
-    floor = m.peak_tflops(card, card.clock_at(1.0, V100), V100) / cal["parameters"]["cycle_factor"]
-    assert floor == pytest.approx(72 * 8 * 64 * 2 * CAPPED * 1e6 / 1e12 / cal["parameters"]["cycle_factor"])
-    # A locked clock below the cap lowers it.
-    assert m.peak_tflops(Card(72, 1000), Card(72, 1000).clock_at(1.0, V100), V100) < floor
+        ranges.route_ranges({"x": {"classes": ["nothing"]}}, cal["classes"])
 
 
 def test_the_gemm_rate_anchor_by_hand():

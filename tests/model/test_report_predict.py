@@ -123,6 +123,21 @@ def test_prediction_arithmetic_by_hand():
     assert main["hbm_ms"] == pytest.approx((2 * 640 * 9 * 64 * 2 + 640 * 9 * 4 + 2 * 320 * 64 * 2) / 900e9 * 1e3)
 
 
+@pytest.mark.parametrize("factor", [1.5, 1.114, 1.05])
+def test_the_floor_is_full_tensor_duty_at_the_clock_that_duty_allows(factor):
+    """Unlocked (1530 MHz), the floor's tensor pipes are busy 1 / factor of the calibrated time, and
+    the clock is the v100.toml rule's by hand: the boost clock at or below duty_at_boost, the capped
+    one from duty_at_power_cap, linear in between; 80 SMs x 1024 FLOP per clock."""
+    cal = {**CALIBRATION, "parameters": {"cycle_factor": factor, "cta_cycles": 0.0}}
+    p = predict(Shape(640, 320, 9, 1, 64, False, 0.125), KERNELS, Card(80, 1530), V100, cal, ARTIFACT)
+    duty = 1 / factor
+    lo, hi = V100["duty_at_boost"], V100["duty_at_power_cap"]
+    capped = V100["sustained_tensor_clock_mhz"]
+    mhz = capped if duty >= hi else 1530 - (1530 - capped) * (duty - lo) / (hi - lo)
+    assert p["floor_tflops"] == pytest.approx(80 * 1024 * mhz * 1e6 / 1e12 * duty)
+    assert p["floor_ms"] < p["calibrated_ms"]
+
+
 def test_fa2_split_heuristic_by_hand():
     # 8 (batch x heads x m-blocks) on 2 x 80 "SMs", 32 FA2 key blocks: eligible split counts are
     # those that change ceil(32/s): 1..8, 11, 16, 32. Efficiency 8s/160 / ceil(8s/160): s=16 and

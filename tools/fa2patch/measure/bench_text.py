@@ -5,7 +5,7 @@ prints) and the Markdown summary a user pastes into an issue report (``markdown`
 from fa2patch import __version__
 from fa2patch.common.tables import table
 from fa2patch.measure import gpu_clocks
-from fa2patch.model.calibration import range_text, separated
+from fa2patch.model.ranges import range_text, separated
 
 
 def model_card_note(result: dict) -> str:
@@ -42,8 +42,8 @@ WARNING = (
 def render(result: dict) -> str:
     """The A/B table: per shape, median ms of each route with its range over the repetitions
     (min-max; * when the case ran throttled), speedup and latency reduction of B over A and
-    whether the two ranges separate (the rule `report` compares routes by:
-    calibration.separated), useful causal TFLOP/s, the numerics verdicts (envelope / contract)
+    whether the two ranges separate (ranges.separated, the rule `report` compares routes of two
+    kernels by), useful causal TFLOP/s, the numerics verdicts (envelope / contract)
     and, on an SM70 card, report's estimate and measured/model; then the card during each timed
     case."""
     routes = result["routes"]

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fa2patch.model.loop_mix import mix_from_data
+from fa2patch.model.ranges import route_ranges, spread
 from fa2patch.model.v100model import (
     Calibration,
     Card,
@@ -244,12 +245,6 @@ def leave_kernel_out(anchors: list[dict], kernels: dict, v100: dict, timers: lis
     return out
 
 
-def spread(values) -> list[float]:
-    """[smallest, largest] of the values that exist ([0, 0] where none does)."""
-    values = [v for v in values if v is not None]
-    return [min(values), max(values)] if values else [0.0, 0.0]
-
-
 def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterations: int = 400) -> list[float]:
     """Minimise ``f`` from ``x0`` (the standard reflection / expansion / contraction / shrink)."""
     points = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)] for i, s in enumerate(step)]
@@ -385,51 +380,6 @@ def loko_within(rows: list[dict], target: float) -> bool:
 
 
 USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "throttled")
-
-
-def route_ranges(route_class: dict, classes: list[dict]) -> dict:
-    """{route: [lo, hi]} from anchors.toml's [route_class] (a route names one or more classes; the
-    range spans theirs, and that of users' anchors of the route itself, `report --anchors`). A
-    class that no anchor measures is an error in the data."""
-    by_name = {c["class"]: c["range"] for c in classes}
-    out = {}
-    for route, entry in route_class.items():
-        missing = [c for c in entry["classes"] if c not in by_name]
-        if missing:
-            raise ValueError(
-                f"anchors.toml [route_class] {route}: no anchor of class {missing[0]!r} (classes: {sorted(by_name)})"
-            )
-        own = [f"fa2patch {route}"] if f"fa2patch {route}" in by_name else []  # users' anchors of the route
-        out[route] = spread([x for c in [*entry["classes"], *own] for x in by_name[c]])
-    return out
-
-
-def with_range(ms: float, calibration: dict, route: str | None = None) -> dict:
-    """An estimate of ``route`` with its range (``calibrate``'s range rule: the route's class's, or
-    every class's for a route of none); the range always holds the point."""
-    lo, hi = calibration.get("route_ranges", {}).get(route, calibration["range"])
-    return {
-        "calibrated_ms": ms,
-        "calibrated_ms_low": ms * min(1.0, 1.0 + lo),
-        "calibrated_ms_high": ms * max(1.0, 1.0 + hi),
-    }
-
-
-def separated(a: dict, b: dict) -> bool:
-    """Whether two estimates' ranges do not overlap."""
-    return a["calibrated_ms_high"] < b["calibrated_ms_low"] or b["calibrated_ms_high"] < a["calibrated_ms_low"]
-
-
-def faster_if_separated(a: dict, b: dict) -> str:
-    """'a' or 'b' where one route's range lies wholly below the other's, else 'not separated'."""
-    if not separated(a, b):
-        return "not separated"
-    return "a" if a["calibrated_ms_high"] < b["calibrated_ms_low"] else "b"
-
-
-def range_text(point: float, low: float, high: float, digits: int = 3) -> str:
-    """ "3.12 (2.78-3.45)": a point with its range."""
-    return f"{point:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def header_text(calibration: dict) -> str:

@@ -39,8 +39,9 @@ from fa2patch.common.shapes import Shape, useful_flops
 from fa2patch.compile import sass, toolchain
 from fa2patch.compile.extension import launches_of, read_extension
 from fa2patch.model import gqa_route
-from fa2patch.model.calibration import calibrate, faster_if_separated, with_range
+from fa2patch.model.calibration import calibrate
 from fa2patch.model.exact_route import COMBINE_KERNEL, dense_launches, splitkv_launches
+from fa2patch.model.ranges import held_out_parameters, versus, versus_one_kernel, with_range
 from fa2patch.model.sass_mix import combine_row, loop_row, outside_row, tile_code
 from fa2patch.model.v100model import (
     Calibration,
@@ -295,9 +296,11 @@ def prediction(
     flops = useful_flops(shape)
     tflops = lambda ms: flops / (ms * 1e-3) / 1e12 if ms else None  # noqa: E731
     # The calibrated floor of any tensor-core kernel: the useful FLOPs alone with the tensor pipes
-    # busy all the time, at the clock that duty allows (the 300 W cap), each cycle the calibrated
-    # factor's. A route at its floor has nothing left to gain on this model.
-    floor_tflops = peak_tflops(card, card.clock_at(1.0, v100), v100) / calibration["parameters"]["cycle_factor"]
+    # busy every modelled cycle, so 1 / cycle_factor of the calibrated ones (the duty the clock rule
+    # sees), at the clock that duty allows under the 300 W cap: the cuBLAS rate anchor's own formula
+    # (calibration.anchor_timer). A route at its floor has nothing left to gain on this model.
+    duty = 1 / calibration["parameters"]["cycle_factor"]
+    floor_tflops = peak_tflops(card, card.clock_at(duty, v100), v100) * duty
     return {
         "label": shape.label,
         "route": route,
@@ -314,58 +317,6 @@ def prediction(
         "floor_ms": flops / (floor_tflops * 1e12) * 1e3,
         "floor_tflops": floor_tflops,
     }
-
-
-VERDICT = {"a": "faster", "b": "slower", "not separated": "not separated"}
-
-
-def versus(p: dict, other: dict, key: str) -> dict:
-    """``key``: other's calibrated time over p's (> 1: p is faster); ``key``_verdict: "faster" or
-    "slower" where their ranges separate, else "not separated"."""
-    return {key: other["calibrated_ms"] / p["calibrated_ms"], f"{key}_verdict": VERDICT[faster_if_separated(p, other)]}
-
-
-def held_out_parameters(calibration: dict) -> list[Calibration]:
-    """Every held-out fit of the calibration: one per anchor left out, one per kernel class left out
-    (where other classes remain)."""
-    loo = [Calibration(**a["loo_parameters"]) for a in calibration.get("anchors", [])]
-    return loo + [Calibration(**c["parameters"]) for c in calibration.get("classes", []) if c["parameters"]]
-
-
-def versus_one_kernel(
-    p: dict,
-    other: dict,
-    key: str,
-    launches: tuple[list[KernelLaunch], list[KernelLaunch]],
-    card: Card,
-    v100: dict,
-    calibration: dict,
-) -> dict:
-    """``versus`` for two routes of one kernel (the exact route split and unsplit), whose errors are
-    not independent: the yardstick is their ratio under every held-out parameter set
-    (``key``_held_out: its least and largest; without split-D's anchors the cost per fused CTA is 0,
-    so the term that shorter CTAs pay more of is bracketed), against how far the model's errors on
-    two configurations of one kernel differ: (1 + the largest) / (1 + the smallest) leave-one-out
-    residual of the route's kernel class (``key``_needs). "faster" or "slower" where the ratio clears
-    that margin under every set. Without held-out fits (a hand-made calibration), the ranges."""
-    sets = held_out_parameters(calibration)
-    out = versus(p, other, key)
-    if not sets:
-        return out
-    mine, theirs = (route_timer(x, card, v100) for x in launches)
-    ratios = [theirs(c) / mine(c) for c in sets]
-    lo, hi = min(ratios), max(ratios)
-    margin = one_kernel_margin(calibration, p["route"])
-    verdict = "faster" if lo > margin else "slower" if hi < 1 / margin else "not separated"
-    return {**out, f"{key}_verdict": verdict, f"{key}_held_out": [lo, hi], f"{key}_needs": margin}
-
-
-def one_kernel_margin(calibration: dict, route: str) -> float:
-    """(1 + the largest) / (1 + the smallest) leave-one-out residual of the anchors of ``route``'s
-    kernel classes (anchors.toml [route_class]; every anchor's for a route of none)."""
-    classes = calibration.get("route_class", {}).get(route, {}).get("classes")
-    loo = [a["loo_residual"] for a in calibration["anchors"] if classes is None or a["class"] in classes]
-    return (1 + max(loo)) / (1 + min(loo))
 
 
 def predict_routes(
@@ -396,11 +347,13 @@ def predict_routes(
         if split is not None:
             kernel = dense_kernel(shape, rows, artifact)
             combine = next(k["combine"] for k in rows if "combine" in k)
-            both = (splitkv_launches(shape, kernel, combine, n)[0], dense_launches(shape, kernel, card)[0])
+            mine = route_timer(splitkv_launches(shape, kernel, combine, n)[0], card, v100)
+            theirs = route_timer(dense_launches(shape, kernel, card)[0], card, v100)
+            sets = [Calibration(**x) for x in held_out_parameters(calibration)]
             out.append(
                 {
                     **split,
-                    **versus_one_kernel(split, dense, "vs_dense", both, card, v100, calibration),
+                    **versus_one_kernel(split, dense, "vs_dense", [theirs(c) / mine(c) for c in sets], calibration),
                     **(versus(split, gqa, "vs_gqa") if gqa else {}),
                 }
             )

@@ -5,7 +5,8 @@ report.report's result, as ``report --json`` prints it."""
 
 from fa2patch.common import routes
 from fa2patch.common.tables import table
-from fa2patch.model.calibration import header_text, range_text
+from fa2patch.model.calibration import header_text
+from fa2patch.model.ranges import range_text
 from fa2patch.model.user_anchors import render_calibration
 
 
@@ -79,7 +80,9 @@ def render(result: dict) -> str:
             f"clock the route's tensor duty allows under the 300 W cap (MHz). "
             + header_text(cal)
             + " vs dense / vs long-prefill: that route's calibrated time over this one's (> 1: this one is "
-            "faster), and whether their ranges separate.",
+            "faster), and whether their ranges separate; split-KV against the unsplit exact route (one kernel) "
+            "by their ratio under every held-out fit against the class's leave-one-out margin. JSON floor_ms: "
+            "any tensor-core kernel doing the useful FLOPs at full tensor duty.",
         ]
         lines.append(
             table(

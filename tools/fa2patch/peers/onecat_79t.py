@@ -198,7 +198,7 @@ def render(rows: list[dict], predictions: Sequence[dict] = ()) -> str:
     """The peer's section of `report`: per shape its calibrated time with its range beside each of our
     routes', and whether the ranges separate."""
     from fa2patch.common.tables import table
-    from fa2patch.model.calibration import faster_if_separated, range_text
+    from fa2patch.model.ranges import faster_if_separated, range_text
 
     ours: dict[str, list[dict]] = {}
     for p in predictions:
