@@ -140,16 +140,24 @@ def test_one_user_anchor_off_moves_the_fit_a_little_and_says_so(tmp_path):
     times[1] *= 1.2
     path = bench_file(tmp_path, [case(s, t) for s, t in zip(shapes, times, strict=True)])
     user, skipped = u.load([path], launches_for)
-    before = c.calibrate(V100, data_at(TRUE))
-    after = c.calibrate(V100, data_at(TRUE), user)
+    # The exact route's range: the synthetic split-D class's, and with --anchors its users' anchors'.
+    data = data_at(TRUE) | {"route_class": {EXACT: {"classes": ["split-D fused FA2 (1Cat-vLLM)"]}}}
+    before = c.calibrate(V100, data)
+    after = c.calibrate(V100, data, user)
     fit = u.movement(before, after, [path], skipped)
     assert fit["before"]["anchors"] == 5 and fit["after"]["anchors"] == 9
     assert fit["before"]["parameters"]["cycle_factor"] == pytest.approx(1.3, rel=1e-3)
     off = fit["user_anchors"][1]
     assert off["loo_residual"] == pytest.approx(0.2, abs=0.02) and 0 < off["residual"] < off["loo_residual"]
     assert fit["after"]["loo_range"][1] == pytest.approx(off["loo_residual"])
+    users = [a["loko_residual"] for a in after["anchors"] if a["class"] == f"fa2patch {EXACT}"]
+    assert len(users) == 4 and fit["after"]["route_ranges"][EXACT][1] == pytest.approx(
+        max(users + [a["loo_residual"] for a in after["anchors"]])
+    )
     text = "\n".join(u.render_calibration({"calibration": after, "anchor_fit": fit}))
     assert "5 -> 9 anchors" in text and "cycle factor 1.300 ->" in text
+    lo, hi = fit["after"]["route_ranges"][EXACT]
+    assert f"{EXACT} " in text and f"-> {lo:+.1%} .. {hi:+.1%}" in text
 
 
 def test_the_clock_is_the_nvml_median_else_nvidia_smi_else_the_case_is_left_out(tmp_path):

@@ -123,8 +123,8 @@ def load(paths: Sequence[Path], launches_for) -> tuple[list[dict], list[dict]]:
 
 
 def summary(cal: dict) -> dict:
-    keys = ("parameters", "residual_range", "loo_range", "loko_range", "range")
-    return {k: cal[k] for k in keys} | {"anchors": len(cal["anchors"])}
+    keys = ("parameters", "residual_range", "loo_range", "loko_range", "range", "route_ranges")
+    return {k: cal.get(k, {}) for k in keys} | {"anchors": len(cal["anchors"])}
 
 
 def movement(before: dict, after: dict, files: Sequence[Path], skipped: list[dict]) -> dict:
@@ -228,9 +228,13 @@ def render_calibration(result: dict) -> list[str]:
             f"cycles per fused CTA {pb['cta_cycles']:,.0f} -> {pa['cta_cycles']:,.0f}; "
             f"residuals {pct(b['residual_range'])} -> {pct(a['residual_range'])}; leave-one-out "
             f"{pct(b['loo_range'])} -> {pct(a['loo_range'])}; leave-one-kernel-out {pct(b['loko_range'])} -> "
-            f"{pct(a['loko_range'])}; the range {pct(b['range'])} -> {pct(a['range'])}. A user anchor runs at its "
-            f"measured clock "
-            f"(the clock column above).",
+            f"{pct(a['loko_range'])}; the range of a route of no class {pct(b['range'])} -> {pct(a['range'])}"
+            + "".join(
+                f"; {route} {pct(b['route_ranges'][route])} -> {pct(r)}"
+                for route, r in a["route_ranges"].items()
+                if route in b["route_ranges"]
+            )
+            + ". A user anchor runs at its measured clock (the clock column above).",
         ]
         for s in fit["skipped"]:
             lines.append(f"left out: {Path(s['file']).name}: {s['label']} {s['route']}: {s['reason']}")
