@@ -83,8 +83,8 @@ def run(artifact: Path) -> None:
     cal = calibrate(v100)
     info = load_build_info(artifact)
     rows = report.kernel_rows(artifact, "sm_70", launches_of(info), report.route_geometry(info, artifact))
-    loo = [Calibration(**a["loo_parameters"]) for a in cal["anchors"]]
-    loko = [Calibration(**c["parameters"]) for c in cal["classes"] if c["parameters"]]
+    held_out = [Calibration(**x) for x in held_out_parameters(cal)]  # leave-one-out, then by kernel
+    loo, loko = held_out[: len(cal["anchors"])], held_out[len(cal["anchors"]) :]
     for sms in (72, 80):
         card = Card(sms, 1530)
         for shape in shapes():
@@ -118,12 +118,10 @@ def run(artifact: Path) -> None:
                 launches = report.splitkv_launches(
                     shape, kernel, next(k["combine"] for k in rows if "combine" in k), s
                 )[0]
-                held_out = [Calibration(**x) for x in held_out_parameters(cal)]
-                mine = route_timer(launches, card, v100)
-                v = versus_one_kernel(split, dense, "vs_dense", [dense_timer(c) / mine(c) for c in held_out], cal)
                 timer = route_timer(launches, card, v100)
                 spread = [dense_timer(c) / timer(c) for c in loo]
                 by_kernel = [dense_timer(c) / timer(c) for c in loko]
+                v = versus_one_kernel(split, dense, "vs_dense", spread + by_kernel, cal)  # held_out_parameters' order
                 out["splits"][s] = {
                     "ms": split["calibrated_ms"],
                     "ratio": v["vs_dense"],

@@ -18,20 +18,28 @@ def spread(values) -> list[float]:
     return [min(values), max(values)] if values else [0.0, 0.0]
 
 
+def classes_of(route_class: dict, known, route: str) -> list[str] | None:
+    """The kernel classes whose held-out residuals apply to ``route``: its [route_class] entry's and,
+    where ``known`` (the calibration's class names) has them, its users' anchors' (`report
+    --anchors`); None for a route of no class (every class's)."""
+    listed = route_class.get(route, {}).get("classes")
+    users = [f"fa2patch {route}"] if f"fa2patch {route}" in known else []
+    return None if listed is None else [*listed, *users]
+
+
 def route_ranges(route_class: dict, classes: list[dict]) -> dict:
-    """{route: [lo, hi]} from anchors.toml's [route_class] (a route names one or more classes; the
-    range spans theirs, and that of users' anchors of the route itself, `report --anchors`). A
-    class that no anchor measures is an error in the data."""
+    """{route: [lo, hi]} for every route of anchors.toml's [route_class]: the span of its classes'
+    ranges (``classes_of``). A class that no anchor measures is an error in the data."""
     by_name = {c["class"]: c["range"] for c in classes}
     out = {}
-    for route, entry in route_class.items():
-        missing = [c for c in entry["classes"] if c not in by_name]
+    for route in route_class:
+        names = classes_of(route_class, by_name, route) or []
+        missing = [c for c in names if c not in by_name]
         if missing:
             raise ValueError(
                 f"anchors.toml [route_class] {route}: no anchor of class {missing[0]!r} (classes: {sorted(by_name)})"
             )
-        own = [f"fa2patch {route}"] if f"fa2patch {route}" in by_name else []  # users' anchors of the route
-        out[route] = spread([x for c in [*entry["classes"], *own] for x in by_name[c]])
+        out[route] = spread([x for c in names for x in by_name[c]])
     return out
 
 
@@ -98,17 +106,10 @@ def versus_one_kernel(p: dict, other: dict, key: str, ratios: list[float], calib
     return {**out, f"{key}_verdict": verdict, f"{key}_held_out": [lo, hi], f"{key}_needs": margin}
 
 
-def route_classes(calibration: dict, route: str) -> list[str] | None:
-    """The kernel classes whose held-out residuals apply to ``route``: its [route_class] entry's and
-    its users' anchors' (`report --anchors`), or None for a route of no class (every class's)."""
-    listed = calibration.get("route_class", {}).get(route, {}).get("classes")
-    users = [c["class"] for c in calibration.get("classes", []) if c["class"] == f"fa2patch {route}"]
-    return None if listed is None else [*listed, *users]
-
-
 def one_kernel_margin(calibration: dict, route: str) -> float:
     """(1 + the largest) / (1 + the smallest) leave-one-out residual of the anchors of ``route``'s
-    kernel classes (every anchor's for a route of none)."""
-    classes = route_classes(calibration, route)
+    kernel classes (``classes_of``; every anchor's for a route of none)."""
+    known = {c["class"] for c in calibration.get("classes", [])}
+    classes = classes_of(calibration.get("route_class", {}), known, route)
     loo = [a["loo_residual"] for a in calibration["anchors"] if classes is None or a["class"] in classes]
     return (1 + max(loo)) / (1 + min(loo))

@@ -168,7 +168,7 @@ def route_estimate(
 ) -> dict:
     """Bound, model and calibrated time of a route made of ``launches`` (run one after another, at
     the clock the route's tensor duty allows); the calibrated time with the range of ``route``'s
-    kernel class (calibration.with_range). ``calibration``: calibrate()'s result.
+    kernel class (ranges.with_range). ``calibration``: calibrate()'s result.
     Per launch: the model's details, its calibrated time with its range and what limits it once
     calibrated."""
     model = estimate_route(launches, card, v100)
@@ -342,14 +342,15 @@ def predict_routes(
     split_batch = predict_per_request(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     if split_batch is not None:
         out.append({**split_batch, **versus(split_batch, dense, "vs_dense")})
+    # Split and unsplit are one kernel: their ratio under every held-out fit (ranges.versus_one_kernel).
+    sets = [Calibration(**x) for x in held_out_parameters(calibration)]
+    kernel = dense_kernel(shape, rows, artifact)
+    theirs = route_timer(dense_launches(shape, kernel, card)[0], card, v100)
     for n in splits:
         split = predict_split(shape, rows, card, v100, calibration, artifact, n)
         if split is not None:
-            kernel = dense_kernel(shape, rows, artifact)
             combine = next(k["combine"] for k in rows if "combine" in k)
             mine = route_timer(splitkv_launches(shape, kernel, combine, n)[0], card, v100)
-            theirs = route_timer(dense_launches(shape, kernel, card)[0], card, v100)
-            sets = [Calibration(**x) for x in held_out_parameters(calibration)]
             out.append(
                 {
                     **split,
