@@ -29,6 +29,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from fa2patch.model import memory
 from fa2patch.model.loop_mix import mix_from_data
 from fa2patch.model.ranges import route_ranges, spread
 from fa2patch.model.v100model import (
@@ -44,8 +45,12 @@ from fa2patch.model.v100model import (
 )
 
 
-def anchor_card(anchor: dict) -> Card:
-    return Card(anchor["card"]["sms"], anchor["card"]["clock_mhz"])
+def anchor_card(anchor: dict, v100: dict | None = None) -> Card:
+    """The card an anchor ran on: its SMs, its clock and, where the record names the card
+    (``card.dram``), that card's DRAM peak (memory.card_peak)."""
+    card = anchor["card"]
+    peak = memory.card_peak(card["dram"], v100 or load_v100()) if "dram" in card else None
+    return Card(card["sms"], card["clock_mhz"], peak)
 
 
 def kernel_code(kernel: dict) -> dict:
@@ -138,6 +143,8 @@ def measured(anchor: dict) -> tuple[float, str]:
     is another kernel, measured separately) or TFLOP/s."""
     if anchor["workload"]["kind"] == "tensor-peak":
         return anchor["measured_tflops"], "TFLOP/s"
+    if "measured_us" in anchor:  # Nsight Compute prints kernel durations in us
+        return anchor["measured_us"] / 1e3, "ms"
     return anchor["measured_ms"] - anchor.get("excluded_ms", 0.0), "ms"
 
 
@@ -146,7 +153,7 @@ def anchor_timer(anchor: dict, kernels: dict, v100: dict):
     anchor (a well-tiled GEMM, tensor-bound, several warps per scheduler) keeps the tensor pipe busy
     1 / cycle_factor of the time, at the clock that duty allows. A user's anchor (kind "route",
     user_anchors.py) carries its launches, its card and the clock measured during its calls."""
-    card = anchor_card(anchor)
+    card = anchor_card(anchor, v100)
     work = anchor["workload"]
     if work["kind"] == "tensor-peak":
 

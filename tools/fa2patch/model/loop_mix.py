@@ -15,6 +15,9 @@ class LoopMix:
     iteration uses, the warp's instructions between the round's first load and the first use.
     ``critical_cycles``: one iteration of a CTA whose ``critical_warps`` warps per sub-partition
     run in phase, timed from the SASS (phases.lockstep_cycles); 0 where the SASS is not known.
+    ``dram_rounds``: how many cycles that critical path grows per cycle of global-load latency (its
+    load rounds waited for in turn): a loop that streams from DRAM waits the DRAM latency instead of
+    the L2 hit's it was timed with (v100model, memory.py).
     For code that runs once per CTA (an epilogue), the time of that code."""
 
     instructions: float = 0
@@ -28,6 +31,7 @@ class LoopMix:
     shuffles: float = 0  # SHFL: one shared-memory pass each
     critical_cycles: float = 0
     critical_warps: int = 0
+    dram_rounds: float = 0  # critical-path cycles per cycle of global-load latency (streaming loops)
 
     def pipes(self, warps: float, v100: dict) -> dict[str, float]:
         """Cycles of one sub-partition while ``warps`` warps each run one iteration."""
@@ -111,4 +115,5 @@ def mix_from_data(d: dict) -> LoopMix:
         shuffles=d.get("shuffles", d.get("shfl", 0)),
         critical_cycles=d.get("critical_cycles", 0),
         critical_warps=d.get("critical_warps", 0),
+        dram_rounds=d.get("dram_rounds", 0),
     )

@@ -25,7 +25,9 @@ whose blockIdx picks one of several tiles has CTAs of several kinds (``CtaKind``
 - the clock: a 300 W V100 holds its boost clock while its tensor pipes are busy at most
   ``duty_at_boost`` of the time and about 1,267 MHz at ``duty_at_power_cap``; in between the
   model interpolates (``clock_for_duty``); a locked lower clock caps it;
-- HBM: the launch takes at least hbm_bytes / bandwidth.
+- HBM: the launch takes at least hbm_bytes / bandwidth; a launch that streams its bytes from DRAM
+  (``KernelLaunch.streams``: decode) is timed with its loads waiting the DRAM latency and blends its
+  compute time with the sustained ceiling's (memory.py).
 
 ``Calibration`` carries the fitted parameters (calibration.py fits them to published V100
 measurements of open SM70 kernels, data/anchors.toml): the model's own time is estimate_launch
@@ -39,6 +41,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 
+from fa2patch.model import memory
 from fa2patch.model.loop_mix import SUBPARTITIONS, LoopMix
 
 
@@ -53,11 +56,16 @@ def load_v100() -> dict:
 
 @dataclass(frozen=True)
 class Card:
-    """A V100: its SM count and its boost (or locked) clock. A kernel runs at the lower of that
-    clock and what the 300 W cap allows at its tensor duty (``clock_for_duty``)."""
+    """A V100: its SM count, its boost (or locked) clock and its DRAM peak (GB/s; None: the
+    whitepaper's, v100.toml). A kernel runs at the lower of that clock and what the 300 W cap
+    allows at its tensor duty (``clock_for_duty``)."""
 
     sms: int = 80
     clock_mhz: float = 1530.0
+    dram_gbs: float | None = None
+
+    def dram_peak(self, v100: dict) -> float:
+        return self.dram_gbs or v100["hbm_bandwidth_gbs"]
 
     def clock_at(self, duty: float, v100: dict) -> float:
         return min(self.clock_mhz, clock_for_duty(duty, v100))
@@ -82,6 +90,14 @@ class Calibration:
 
     cycle_factor: float = 1.0
     cta_cycles: float = 0.0
+    dram_latency_ns: float | None = None  # what a streaming launch's loads wait (None: memory.latency_ns)
+
+
+def extra_latency(cal: Calibration, card: Card, v100: dict) -> float:
+    """Cycles a streaming loop's load waits beyond the L2 hit it was timed with: the DRAM latency
+    (``cal``'s, else the measured one) at the card's clock."""
+    ns = cal.dram_latency_ns or memory.latency_ns()
+    return ns * card.clock_mhz / 1e3 - v100["dependent_ldg_l2_hit_cycles"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +129,7 @@ class KernelLaunch:
     hbm_bytes: float = 0.0
     more: tuple = ()
     fused: bool = False  # an FA2-style grid (Calibration.cta_cycles applies)
+    streams: bool = False  # reads its bytes from DRAM once (decode): memory.py's limits apply
 
     def kinds(self) -> list[CtaKind]:
         return [CtaKind(self.loop, self.iterations, self.epilogue, self.prologue_load_rounds), *self.more]
@@ -166,14 +183,15 @@ def estimate_launch(
     k = launch.ctas_per_sm
     w_cta = math.ceil(launch.warps_per_cta / SUBPARTITIONS)  # warps of one CTA per scheduler
     extra = cal.cta_cycles if launch.fused else 0.0
+    wait = extra_latency(cal, card, v100) if launch.streams else 0.0
     kinds, durations, tensor = [], [], 0.0
     for kind in launch.kinds():
         pipes = kind.loop.sustained_pipes(w_cta, v100)
         pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())  # all resident CTAs' warps
         exposed = kind.loop.exposed_latency(w_cta, v100)
-        critical = kind.loop.iteration_cycles(w_cta, v100)
+        critical = kind.loop.iteration_cycles(w_cta, v100) + kind.loop.dram_rounds * wait
         round_cycles = cal.cycle_factor * max(pipe, critical)  # every resident CTA, one iteration
-        epilogue = kind.epilogue.once_cycles(w_cta, v100)
+        epilogue = kind.epilogue.once_cycles(w_cta, v100) + kind.epilogue.dram_rounds * wait
         fixed = cal.cycle_factor * (kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + epilogue) + extra
         kinds.append(
             {
@@ -192,8 +210,8 @@ def estimate_launch(
     compute = makespan(durations, card.sms * k)
     duty = tensor / (compute * card.sms) if compute else 0.0
     clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
-    hbm = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
-    seconds = max(compute / clock, hbm)
+    hbm = hbm_seconds(launch, card, v100)
+    seconds = launch_seconds(compute / clock, hbm, launch.streams)
     first = kinds[0]
     return {
         "name": launch.name,
@@ -219,8 +237,22 @@ def estimate_launch(
         "clock_mhz": clock / 1e6,
         "hbm_ms": hbm * 1e3,
         "limited_by": "hbm" if hbm > compute / clock else "compute",
+        "streams": launch.streams,
         "ms": seconds * 1e3,
     }
+
+
+def hbm_seconds(launch: KernelLaunch, card: Card, v100: dict) -> float:
+    """The launch's bytes at the card's DRAM peak, or for a streaming launch at the sustained
+    ceiling (memory.ceiling_fraction of the peak)."""
+    rate = card.dram_peak(v100) * (memory.ceiling_fraction() if launch.streams else 1.0)
+    return launch.hbm_bytes / (rate * 1e9)
+
+
+def launch_seconds(compute_s: float, hbm_s: float, streams: bool) -> float:
+    """A launch's time from its compute and HBM times: the larger, or for a streaming launch their
+    soft maximum (memory.blend)."""
+    return memory.blend(compute_s, hbm_s, memory.exponent()) if streams else max(compute_s, hbm_s)
 
 
 def estimate_route(
@@ -245,57 +277,61 @@ def estimate_route(
 def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz: float | None = None):
     """``estimate_route(launches, card, v100, cal, clock_mhz)["ms"]`` as a function of ``cal``,
     with everything that does not depend on it worked out once (a fit evaluates it hundreds of
-    times). A launch without the per-CTA cost scales with the cycle factor as a whole: its
-    schedule is the same at every factor."""
+    times). A launch without the per-CTA cost and the DRAM latency scales with the cycle factor as
+    a whole: its schedule is the same at every factor."""
     parts = []
     for x in launches:
         k, w_cta = x.ctas_per_sm, math.ceil(x.warps_per_cta / SUBPARTITIONS)
-        fixed, rounds, tensor = [], [], 0.0
+        # per CTA: [pipe, critical, critical per cycle of DRAM wait] of its loop, its fixed cycles and their DRAM slope
+        loops, fixed, tensor = [], [], 0.0
         for kind in x.kinds():
-            rounds += [
-                max(*kind.loop.sustained_pipes(k * w_cta, v100).values(), kind.loop.iteration_cycles(w_cta, v100))
-            ] * len(kind.iterations)
-            fixed += [
-                kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + kind.epilogue.once_cycles(w_cta, v100)
-            ] * len(kind.iterations)
+            pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())
+            loops += [(pipe, kind.loop.iteration_cycles(w_cta, v100), kind.loop.dram_rounds)] * len(kind.iterations)
+            once = kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + kind.epilogue.once_cycles(
+                w_cta, v100
+            )
+            fixed += [(once, kind.epilogue.dram_rounds)] * len(kind.iterations)
             tensor += kind.loop.pipes(w_cta, v100)["tensor"] * sum(kind.iterations)
         its = [n for kind in x.kinds() for n in kind.iterations]
         slots = card.sms * k
-        base = None if x.fused else makespan([f + n * r for f, n, r in zip(fixed, its, rounds, strict=True)], slots)
-        parts.append(
-            (
-                x.fused,
-                fixed,
-                its,
-                rounds,
-                slots,
-                base,
-                tensor / card.sms,
-                x.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9),
-            )
-        )
+        fixed_at = CtaCycles(loops, fixed, its, x.streams, x.fused)
+        base = None if x.fused or x.streams else makespan(fixed_at(0.0, 1.0, 0.0), slots)
+        parts.append((fixed_at, slots, base, tensor / card.sms, hbm_seconds(x, card, v100), x.streams))
 
     def ms(cal: Calibration = Calibration()) -> float:
-        computes = []
-        for _fused, fixed, its, rounds, slots, base, _, _ in parts:
-            if base is not None:
-                computes.append(cal.cycle_factor * base)
-            else:
-                computes.append(
-                    makespan(
-                        [
-                            cal.cycle_factor * f + cal.cta_cycles + n * (cal.cycle_factor * r)
-                            for f, n, r in zip(fixed, its, rounds, strict=True)
-                        ],
-                        slots,
-                    )
-                )
+        wait = extra_latency(cal, card, v100)
+        computes = [
+            cal.cycle_factor * base
+            if base is not None
+            else makespan(durations(wait, cal.cycle_factor, cal.cta_cycles), slots)
+            for durations, slots, base, *_ in parts
+        ]
         cycles = sum(computes)
-        duty = sum(p[6] for p in parts) / cycles if cycles else 0.0
+        duty = sum(p[3] for p in parts) / cycles if cycles else 0.0
         clock = (clock_mhz or card.clock_at(duty, v100)) * 1e6
-        return sum(max(c / clock, p[7]) for c, p in zip(computes, parts, strict=True)) * 1e3
+        return sum(launch_seconds(c / clock, p[4], p[5]) for c, p in zip(computes, parts, strict=True)) * 1e3
 
     return ms
+
+
+@dataclass(frozen=True)
+class CtaCycles:
+    """Each CTA's cycles of one launch as a function of the DRAM wait (streaming launches only),
+    the cycle factor and the per-CTA cost (fused launches only): route_timer's inner loop."""
+
+    loops: list
+    fixed: list
+    its: list
+    streams: bool
+    fused: bool
+
+    def __call__(self, wait: float, factor: float, cta: float) -> list[float]:
+        wait = wait if self.streams else 0.0
+        cta = cta if self.fused else 0.0
+        return [
+            factor * (once + slope_f * wait) + cta + n * factor * max(pipe, crit + slope * wait)
+            for (pipe, crit, slope), (once, slope_f), n in zip(self.loops, self.fixed, self.its, strict=True)
+        ]
 
 
 def at_clock(estimate: dict, clock_mhz: float) -> dict:
@@ -304,7 +340,7 @@ def at_clock(estimate: dict, clock_mhz: float) -> dict:
     return {
         **estimate,
         "clock_mhz": clock_mhz,
-        "ms": max(compute_ms, estimate["hbm_ms"]),
+        "ms": launch_seconds(compute_ms, estimate["hbm_ms"], estimate.get("streams", False)),
         "limited_by": "hbm" if estimate["hbm_ms"] > compute_ms else "compute",
     }
 
@@ -324,7 +360,7 @@ def lower_bound(launch: KernelLaunch, card: Card, v100: dict) -> dict:
         "cta_granularity": max(((j + 1) * longest[j * sms] for j in range(-(-len(longest) // sms))), default=0.0),
     }
     seconds = {name: c / (card.clock_mhz * 1e6) for name, c in cycles.items()}
-    seconds["hbm"] = launch.hbm_bytes / (v100["hbm_bandwidth_gbs"] * 1e9)
+    seconds["hbm"] = launch.hbm_bytes / (card.dram_peak(v100) * 1e9)
     limit = binding(seconds)
     return {"cycles": cycles, "limited_by": limit, "ms": seconds[limit] * 1e3}
 
