@@ -17,9 +17,10 @@ HEX40 = re.compile(r"[0-9a-f]{40}")
 REPO = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 # A number as printed (digits, optional thousands separators, optional decimals), then an optional
 # closing backtick or space, then a unit.
-NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?`?\s?(ms|TF/s|TFLOP/s|cycles|MHz|-MHz)?")
+NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?`?\s?(ms|us|TF/s|TFLOP/s|cycles|MHz|-MHz)?")
 UNITS = {
     "measured_ms": {"ms"},
+    "measured_us": {"us"},
     "measured_tflops": {"TF/s", "TFLOP/s"},
     "excluded_ms": {None, "ms"},
     "cycles": {"cycles"},
@@ -99,9 +100,9 @@ def clock_problems(where: str, clock) -> list[str]:
 
 def anchor_problems(a: dict, kernels: dict) -> list[str]:
     where = f"anchor {a.get('name')!r}"
-    value_key = next((k for k in ("measured_ms", "measured_tflops") if k in a), None)
+    value_key = next((k for k in ("measured_ms", "measured_us", "measured_tflops") if k in a), None)
     if value_key is None:
-        return [f"{where}: no published time or rate (measured_ms / measured_tflops)"]
+        return [f"{where}: no published time or rate (measured_ms / measured_us / measured_tflops)"]
     out = quote_problems(f"{where} source", a.get("source"), a[value_key], UNITS[value_key])
     out += clock_problems(where, a.get("clock"))
     if "excluded_ms" in a:

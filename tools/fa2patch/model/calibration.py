@@ -135,7 +135,46 @@ def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
                 )
             )
         return launches
+    if work["kind"] == "paged-decode":
+        return decode_launches(anchor["kernel"], work, kernels)
     raise ValueError(f"anchor {anchor['name']}: unknown workload kind {work['kind']!r}")
+
+
+def decode_launches(name: str, work: dict, kernels: dict) -> list[KernelLaunch]:
+    """A decode anchor's launches: the partition kernel (one CTA per partition of its keys, one
+    iteration per 128-key tile, streaming K and V from DRAM) and, for a whole call, its reducers
+    (over the partitions; they read partials just written, from L2)."""
+    kernel = kernels[name]
+    keys, size = work["keys"], kernel["partition_keys"]
+    parts = -(-keys // size)
+    tiles = [-(-min(size, keys - p * size) // kernel["keys_per_iteration"]) for p in range(parts)]
+    code = kernel_code(kernel)
+    group, d = 6, 256  # the anchors' shape: 6 query heads per KV head, head dim 256
+    kv_bytes = keys * d * 2 * 2
+    partials = parts * group * (d * 2 + 8)  # fp16 partial O, fp32 max and sum per partition and head
+    launches = [
+        KernelLaunch(
+            name,
+            code["loop"],
+            tuple(tiles),
+            kernel["warps"],
+            kernel["ctas_per_sm"],
+            code["epilogue"],
+            code["prologue_load_rounds"],
+            hbm_bytes=kv_bytes + partials,
+            streams=True,
+        )
+    ]
+    for reducer in work.get("reducers", []):
+        r = kernels[reducer]
+        rcode = kernel_code(r)
+        trips = -(-parts // r["partitions_per_iteration"])
+        launches.append(
+            KernelLaunch(
+                reducer, rcode["loop"], (trips,) * r["ctas"], r["warps"], r["ctas_per_sm"], rcode["epilogue"], 0
+            )
+        )
+    return launches
 
 
 def measured(anchor: dict) -> tuple[float, str]:
@@ -164,7 +203,9 @@ def anchor_timer(anchor: dict, kernels: dict, v100: dict):
         return rate
     if work["kind"] == "route":
         return route_timer(work["launches"], card, v100, work["clock_mhz"])
-    return route_timer(anchor_launches(anchor, kernels), card, v100)
+    timer = route_timer(anchor_launches(anchor, kernels), card, v100)
+    nodes_ms = work.get("graph_nodes", 0) * load_data("anchors.toml")["graph_node"]["us"] / 1e3
+    return (lambda cal=Calibration(): timer(cal) + nodes_ms) if nodes_ms else timer
 
 
 def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
@@ -178,7 +219,7 @@ def log_error(anchor: dict, value: float) -> float:
     return math.log(value / real) if unit == "TFLOP/s" else math.log(real / value)
 
 
-START = (0.0, 1.0)  # log cycle_factor, cta_cycles / 10^4
+START = (0.0, 1.0, 0.0)  # log cycle_factor, cta_cycles / 10^4, log(DRAM latency / the pointer chase's)
 
 
 def fit(
@@ -186,25 +227,49 @@ def fit(
     kernels: dict,
     v100: dict,
     timers: list | None = None,
-    start: tuple[float, float] = START,
+    start: tuple = START,
     cta_free: bool = True,
+    latency_free: bool | None = None,
 ) -> Calibration:
-    """Least squares of log(measured / estimate) over ``anchors`` (Nelder-Mead on log
-    cycle_factor and cta_cycles / 10^4, cta_cycles >= 0, from ``start``; with ``cta_free``
-    false, on log cycle_factor alone with cta_cycles 0). ``timers``: the anchors'
-    ``anchor_timer``s, where already made."""
+    """Least squares of log(measured / estimate) over ``anchors`` (Nelder-Mead from ``start`` on log
+    cycle_factor, cta_cycles / 10^4 >= 0 where ``cta_free``, and log of the DRAM latency over the
+    pointer chase's where ``latency_free``, by default where an anchor streams from DRAM; a
+    parameter not free keeps the model's value: cta_cycles 0, the measured latency). ``timers``:
+    the anchors' ``anchor_timer``s, where already made."""
     timers = timers or [anchor_timer(a, kernels, v100) for a in anchors]
+    if latency_free is None:
+        latency_free = any(has_streams(a, kernels) for a in anchors)
+    free = [0] + [1] * cta_free + [2] * latency_free
+    steps = (0.2, 2.0, 0.2)
 
-    def cal_of(x):
-        return Calibration(math.exp(x[0]), max(0.0, x[1]) * 1e4 if cta_free else 0.0)
+    def cal_of(y):
+        x = [start[0], 0.0, 0.0]
+        for i, v in zip(free, y, strict=True):
+            x[i] = v
+        latency = memory.latency_ns() * math.exp(x[2]) if latency_free else None
+        return Calibration(math.exp(x[0]), max(0.0, x[1]) * 1e4, latency), x[1]
 
-    def cost(x):
-        cal = cal_of(x)
-        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers, strict=True)) + max(0.0, -x[-1]) ** 2
+    def cost(y):
+        cal, cta = cal_of(y)
+        return sum(log_error(a, t(cal)) ** 2 for a, t in zip(anchors, timers, strict=True)) + max(0.0, -cta) ** 2
 
-    if not cta_free:
-        return cal_of(nelder_mead(lambda x: cost([x[0], 0.0]), [start[0]], [0.2]))
-    return cal_of(nelder_mead(cost, list(start), [0.2, 2.0]))
+    return cal_of(nelder_mead(cost, [start[i] for i in free], [steps[i] for i in free]))[0]
+
+
+def has_streams(anchor: dict, kernels: dict) -> bool:
+    """Whether the anchor's measurement holds a launch that streams from DRAM (the DRAM latency applies)."""
+    work = anchor["workload"]
+    if work["kind"] == "route":
+        return any(x.streams for x in work["launches"])
+    return kernels.get(anchor.get("kernel"), {}).get("streams", False)
+
+
+def parameters_of(cal: Calibration) -> dict:
+    return {
+        "cycle_factor": cal.cycle_factor,
+        "cta_cycles": cal.cta_cycles,
+        "dram_latency_ns": cal.dram_latency_ns or memory.latency_ns(),
+    }
 
 
 def anchor_class(anchor: dict, kernels: dict) -> str:
@@ -235,8 +300,9 @@ def leave_kernel_out(anchors: list[dict], kernels: dict, v100: dict, timers: lis
     for name, members in classes.items():
         rest = [i for i in range(len(anchors)) if i not in members]
         identified = any(has_fused(anchors[i]) for i in rest)
+        latency = any(has_streams(anchors[i], kernels) for i in rest)
         cal = (
-            fit([anchors[i] for i in rest], kernels, v100, [timers[i] for i in rest], start, identified)
+            fit([anchors[i] for i in rest], kernels, v100, [timers[i] for i in rest], start, identified, latency)
             if rest
             else None
         )
@@ -244,8 +310,9 @@ def leave_kernel_out(anchors: list[dict], kernels: dict, v100: dict, timers: lis
             {
                 "class": name,
                 "anchors": members,
-                "parameters": cal and {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
+                "parameters": cal and parameters_of(cal),
                 "cta_identified": identified,
+                "latency_identified": latency,
                 "residuals": [cal and math.expm1(log_error(anchors[i], timers[i](cal))) for i in members],
             }
         )
@@ -309,7 +376,11 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
     start = START
     if user:  # the published anchors' fit: a start near the answer (fewer steps for every fit)
         published = fit(anchors[: len(data["anchor"])], kernels, v100, timers[: len(data["anchor"])])
-        start = (math.log(published.cycle_factor), published.cta_cycles / 1e4)
+        start = (
+            math.log(published.cycle_factor),
+            published.cta_cycles / 1e4,
+            math.log((published.dram_latency_ns or memory.latency_ns()) / memory.latency_ns()),
+        )
     cal = fit(anchors, kernels, v100, timers, start)
     by_class = leave_kernel_out(anchors, kernels, v100, timers, start)
     loko = {i: (c["class"], r) for c in by_class for i, r in zip(c["anchors"], c["residuals"], strict=True)}
@@ -330,7 +401,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
                 "calibrated": timer(cal),
                 "residual": math.expm1(log_error(a, timer(cal))),
                 "loo_residual": math.expm1(log_error(a, timer(loo))),
-                "loo_parameters": {"cycle_factor": loo.cycle_factor, "cta_cycles": loo.cta_cycles},
+                "loo_parameters": parameters_of(loo),
                 "class": loko[i][0],
                 "loko_residual": loko[i][1],
                 "outlier": a.get("outlier"),
@@ -347,6 +418,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
             "anchors": [rows[i]["name"] for i in c["anchors"]],
             "parameters": c["parameters"],
             "cta_identified": c["cta_identified"],
+            "latency_identified": c["latency_identified"],
             "loko_range": spread(c["residuals"]),
             # The range of an estimate of this class: its own held-out residuals and every anchor's
             # leave-one-out residual.
@@ -355,7 +427,7 @@ def calibrate(v100: dict | None = None, data: dict | None = None, user: Sequence
         for c in by_class
     ]
     out = {
-        "parameters": {"cycle_factor": cal.cycle_factor, "cta_cycles": cal.cta_cycles},
+        "parameters": parameters_of(cal),
         "anchors": rows,
         "classes": classes,
         "targets": targets,
@@ -399,8 +471,8 @@ def header_text(calibration: dict) -> str:
     target = calibration["targets"]["loko"]
     held = "held" if calibration["loko_within_target"] else "NOT held"
     return (
-        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f} and {p['cta_cycles']:,.0f} cycles per "
-        f"fused-attention CTA, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
+        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f}, {p['cta_cycles']:,.0f} cycles per "
+        f"fused-attention CTA and a DRAM latency of {p['dram_latency_ns']:.0f} ns for streaming loads, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
         f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); leave-one-kernel-out by class: {classes} (target "
         f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 + the smallest) .. "
         f"(1 + the largest) of every anchor's leave-one-out residual and the leave-one-kernel-out residuals of "
@@ -417,4 +489,8 @@ def class_text(c: dict) -> str:
         return f"{c['class']} ({n} anchors) no other class to fit"
     lo, hi = c["loko_range"]
     text = f"{c['class']} ({n} anchor{'s' * (n > 1)}) {lo:+.1%} .. {hi:+.1%}"
-    return text if c["cta_identified"] else text + ", cycles per CTA not identified without it (0)"
+    if not c["cta_identified"]:
+        text += ", cycles per CTA not identified without it (0)"
+    if not c.get("latency_identified", True):
+        text += f", DRAM latency not identified without it (the pointer chase's {memory.latency_ns():.0f} ns)"
+    return text

@@ -158,6 +158,13 @@ def occupancy(registers: int, shared: int, threads: int, v100: dict) -> dict:
     }
 
 
+def resident(launch: KernelLaunch, card: Card) -> int:
+    """CTAs per SM that share its pipes: the launch's occupancy, or fewer where the grid does not
+    fill it (a small grid spreads over the SMs)."""
+    ctas = sum(len(kind.iterations) for kind in launch.kinds())
+    return max(1, min(launch.ctas_per_sm, -(-ctas // card.sms)))
+
+
 def binding(cycles: dict[str, float]) -> str:
     return max(cycles, key=cycles.__getitem__)
 
@@ -187,7 +194,7 @@ def estimate_launch(
     kinds, durations, tensor = [], [], 0.0
     for kind in launch.kinds():
         pipes = kind.loop.sustained_pipes(w_cta, v100)
-        pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())  # all resident CTAs' warps
+        pipe = max(kind.loop.sustained_pipes(resident(launch, card) * w_cta, v100).values())  # resident CTAs' warps
         exposed = kind.loop.exposed_latency(w_cta, v100)
         critical = kind.loop.iteration_cycles(w_cta, v100) + kind.loop.dram_rounds * wait
         round_cycles = cal.cycle_factor * max(pipe, critical)  # every resident CTA, one iteration
@@ -285,7 +292,7 @@ def route_timer(launches: list[KernelLaunch], card: Card, v100: dict, clock_mhz:
         # per CTA: [pipe, critical, critical per cycle of DRAM wait] of its loop, its fixed cycles and their DRAM slope
         loops, fixed, tensor = [], [], 0.0
         for kind in x.kinds():
-            pipe = max(kind.loop.sustained_pipes(k * w_cta, v100).values())
+            pipe = max(kind.loop.sustained_pipes(resident(x, card) * w_cta, v100).values())
             loops += [(pipe, kind.loop.iteration_cycles(w_cta, v100), kind.loop.dram_rounds)] * len(kind.iterations)
             once = kind.prologue_load_rounds * v100["dependent_ldg_l2_hit_cycles"] + kind.epilogue.once_cycles(
                 w_cta, v100
