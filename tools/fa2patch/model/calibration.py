@@ -205,7 +205,13 @@ def anchor_timer(anchor: dict, kernels: dict, v100: dict):
         return route_timer(work["launches"], card, v100, work["clock_mhz"])
     timer = route_timer(anchor_launches(anchor, kernels), card, v100)
     nodes_ms = work.get("graph_nodes", 0) * load_data("anchors.toml")["graph_node"]["us"] / 1e3
-    return (lambda cal=Calibration(): timer(cal) + nodes_ms) if nodes_ms else timer
+    if not nodes_ms:
+        return timer
+
+    def with_nodes(cal: Calibration = MODEL) -> float:
+        return timer(cal) + nodes_ms
+
+    return with_nodes
 
 
 def estimate(anchor: dict, kernels: dict, v100: dict, cal: Calibration) -> float:
@@ -219,6 +225,7 @@ def log_error(anchor: dict, value: float) -> float:
     return math.log(value / real) if unit == "TFLOP/s" else math.log(real / value)
 
 
+MODEL = Calibration()  # the model itself
 START = (0.0, 1.0, 0.0)  # log cycle_factor, cta_cycles / 10^4, log(DRAM latency / the pointer chase's)
 
 
@@ -472,7 +479,8 @@ def header_text(calibration: dict) -> str:
     held = "held" if calibration["loko_within_target"] else "NOT held"
     return (
         f"calibrated: the model with cycle factor {p['cycle_factor']:.3f}, {p['cta_cycles']:,.0f} cycles per "
-        f"fused-attention CTA and a DRAM latency of {p['dram_latency_ns']:.0f} ns for streaming loads, fitted to {len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
+        f"fused-attention CTA and a DRAM latency of {p['dram_latency_ns']:.0f} ns for streaming loads, fitted to "
+        f"{len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
         f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); leave-one-kernel-out by class: {classes} (target "
         f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 + the smallest) .. "
         f"(1 + the largest) of every anchor's leave-one-out residual and the leave-one-kernel-out residuals of "
