@@ -48,6 +48,12 @@ from fa2patch.common.errors import Fa2PatchError
     "of it and the sustained clock under tensor load",
 )
 @click.option(
+    "--dram-gbs",
+    type=click.FloatRange(min=100, max=5000),
+    default=None,
+    help="the card's DRAM peak in GB/s [default: the V100's 900; the published anchors' PG503-216: 1128.5]",
+)
+@click.option(
     "--splits",
     default="2,3,4",
     show_default=True,
@@ -64,16 +70,17 @@ from fa2patch.common.errors import Fa2PatchError
 )
 @click.option(
     "--peer",
-    type=click.Choice(["vllm-triton", "1cat-79t"]),
+    type=click.Choice(["vllm-triton", "1cat-79t", "1cat-decode"]),
     default=None,
     help="with --shapes, also the model's time of a peer: vllm-triton, what a V100 runs without fa2patch "
     "(vLLM 0.33's TRITON_ATTN kernels from their recorded sm_70 SASS, no tensor cores, uncalibrated; "
     "docs/peer-vllm-triton.md); 1cat-79t, 1Cat-vLLM #628's long prefill (Q=8000, 6/1, D=256), "
-    "calibrated with its range beside our routes (docs/peer-onecat-79t.md)",
+    "calibrated with its range beside our routes (docs/peer-onecat-79t.md); 1cat-decode, 1Cat-vLLM's "
+    "q=1 decode graph (B=1, 6/1, D=256), calibrated with its range (docs/report-model.md)",
 )
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, peer, as_json):
+def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor_files, peer, as_json):
     """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
     with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
@@ -96,16 +103,21 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, splits, anchor_files, pe
     if peer and not shape_list:
         raise click.BadParameter("needs --shapes", param_hint="--peer")
     split_list = split_counts(splits)
-    result = do_report(artifact, arch, launch, shape_list, Card(int(sms), clock_mhz), split_list, list(anchor_files))
+    card = Card(int(sms), clock_mhz, dram_gbs)
+    result = do_report(artifact, arch, launch, shape_list, card, split_list, list(anchor_files))
     if peer:
-        from fa2patch.peers import onecat_79t, vllm_triton
+        from fa2patch.peers import onecat_79t, onecat_decode, vllm_triton
 
-        card = Card(int(sms), clock_mhz)
         if peer == "vllm-triton":
             result["peer"] = [vllm_triton.peer_estimate(s, card) for s in shape_list]
         else:  # the routes' own calibration (refitted with --anchors where given)
-            result["peer"] = [onecat_79t.peer_estimate(s, card, calibration=result["calibration"]) for s in shape_list]
-        render_peer = {"vllm-triton": vllm_triton.render, "1cat-79t": onecat_79t.render}[peer]
+            module = onecat_79t if peer == "1cat-79t" else onecat_decode
+            result["peer"] = [module.peer_estimate(s, card, calibration=result["calibration"]) for s in shape_list]
+        render_peer = {
+            "vllm-triton": vllm_triton.render,
+            "1cat-79t": onecat_79t.render,
+            "1cat-decode": onecat_decode.render,
+        }[peer]
     if as_json:
         click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
     else:

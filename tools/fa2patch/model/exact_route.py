@@ -5,7 +5,8 @@
   of a sequence holding its query rows m x rows .. (m + 1) x rows - 1 over the key blocks it sees
   (bottom-right causal: ``visible_blocks``, as sm70/mask.h ``visible_blocks``).
 - **FA2's decode split** (``dense_plan``): q = 1 with hq > hkv swaps a group's heads into the query
-  rows and splits KV by FA2's ``num_splits_heuristic``; its combine is charged its HBM bytes.
+  rows and splits KV by FA2's ``num_splits_heuristic``; its combine is charged its HBM bytes. Each
+  K/V byte is read once, by one CTA: the forward launch streams from DRAM (memory.py).
 - **Split-KV on prefill** (``splitkv_launches``; routing's ``sm70-dense-splitkv``, patch 0004): the
   same kernel with blockIdx.z = split x heads + head: each CTA's visible key blocks are cut into
   ``splits`` shares of ceil(blocks / splits) (flash_fwd_sm70.cuh), every split re-reads its CTA's Q
@@ -106,9 +107,10 @@ def io_bytes(shape: Shape) -> dict:
     return {"q": q_bytes, "o": q_bytes, "lse": tokens * shape.hq * 4, "kv": kv_bytes, "rows": tokens * shape.hq}
 
 
-def forward_launch(kernel: dict, iterations: list[int], hbm: float) -> KernelLaunch:
+def forward_launch(kernel: dict, iterations: list[int], hbm: float, streams: bool = False) -> KernelLaunch:
     """The forward kernel's launch: every CTA charged ``cheapest_hot_loop`` per iteration and its
-    code outside the loop (timed) once; an FA2-style grid (the fitted cost per fused CTA)."""
+    code outside the loop (timed) once; an FA2-style grid (the fitted cost per fused CTA).
+    ``streams``: its K/V come from DRAM once (decode: memory.py's latency and ceiling)."""
     loop = cheapest_hot_loop(kernel)
     outside = kernel.get("outside")
     return KernelLaunch(
@@ -121,6 +123,7 @@ def forward_launch(kernel: dict, iterations: list[int], hbm: float) -> KernelLau
         0 if outside else 1,
         hbm_bytes=hbm,
         fused=True,
+        streams=streams,
     )
 
 
@@ -146,7 +149,8 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
             for _ in range(plan["heads"] * shape.b * -(-plan["rows"] // rows_cta))
         ]
     partials = plan["splits"] * shape.b * plan["heads"] * plan["rows"] * (shape.d * 4 + 4) if plan["splits"] > 1 else 0
-    launches = [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"] + partials)]
+    # decode: each K/V byte is read by one CTA, once: streamed from DRAM
+    launches = [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"] + partials, streams=True)]
     if plan["splits"] > 1:
         launches.append(
             KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=partials + io["q"])

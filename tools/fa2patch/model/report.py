@@ -306,7 +306,7 @@ def prediction(
         "route": route,
         "kernel": kernel["geometry"]["kernel"],
         "plan": plan,
-        "card": {"sms": card.sms, "clock_mhz": card.clock_mhz},
+        "card": {"sms": card.sms, "clock_mhz": card.clock_mhz, "dram_gbs": card.dram_gbs},
         "useful_flops": flops,
         **est,
         "tflops_upper_bound": tflops(est["bound_ms"]),
@@ -423,7 +423,7 @@ def report(
             before, calibration = calibration, calibrate(v100, None, user) if user else calibration
             out["anchor_fit"] = user_anchors.movement(before, calibration, anchors, skipped)
         out.update(
-            card={"sms": card.sms, "clock_mhz": card.clock_mhz},
+            card={"sms": card.sms, "clock_mhz": card.clock_mhz, "dram_gbs": card.dram_peak(v100)},
             calibration=calibration,
             predictions=[
                 p

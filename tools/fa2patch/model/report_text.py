@@ -74,7 +74,8 @@ def render(result: dict) -> str:
     if result["predictions"]:
         lines += [
             "",
-            f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz (useful causal FLOPs). "
+            f"Routes on a V100 with {card['sms']} SMs at {card['clock_mhz']:g} MHz and "
+            f"{card.get('dram_gbs', 900):g} GB/s of DRAM (useful causal FLOPs). "
             f"bound: pipes only at the peak tensor rate and {card['clock_mhz']:g} MHz (ms >=, TFLOP/s <=). "
             f"model: one CTA's iteration timed from the SASS, prologue/epilogue, dispatch tail and HBM, at the "
             f"clock the route's tensor duty allows under the 300 W cap (MHz). "

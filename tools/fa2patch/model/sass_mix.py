@@ -163,15 +163,28 @@ def outside_mix(instrs: list[sass.Instr]) -> dict:
     }
 
 
+# Two global-load latencies, both beyond an L2 hit, at which code is timed again: the slope of its
+# time in the latency is what it waits per cycle of DRAM latency (LoopMix.dram_rounds).
+SLOPE_LATENCIES = (400.0, 800.0)
+
+
+def dram_rounds(timer, v100: dict) -> float:
+    """How many cycles ``timer(v100)`` grows per cycle of global-load latency (its load rounds
+    waited for in turn), from two latencies beyond an L2 hit's."""
+    lo, hi = (timer({**v100, "dependent_ldg_l2_hit_cycles": x}) for x in SLOPE_LATENCIES)
+    return (hi - lo) / (SLOPE_LATENCIES[1] - SLOPE_LATENCIES[0])
+
+
 def outside_row(instrs: list[sass.Instr], warps: int, v100: dict) -> dict:
     """``outside_mix`` and the code's time with ``warps`` warps per sub-partition in phase
-    (phases.once_cycles, the loads it waits for included)."""
+    (phases.once_cycles, the loads it waits for included), and its DRAM slope (``dram_rounds``)."""
     row = outside_mix(instrs)
     once = phases.once_cycles(instrs, warps, v100)
+    slope = dram_rounds(lambda v: phases.once_cycles(instrs, warps, v), v100)
     return {
         **{k: row[k] for k in ("instructions", "mix", "load_rounds")},
         "cycles": once,
-        "model_mix": {**row["model_mix"], "critical_cycles": once, "critical_warps": warps},
+        "model_mix": {**row["model_mix"], "critical_cycles": once, "critical_warps": warps, "dram_rounds": slope},
     }
 
 
@@ -188,7 +201,8 @@ def loop_row(loop: sass.Loop, v100: dict, warps_per_subpartition: int, cta_warps
     peak = peak_tflops(Card(v100["sm_count"], v100["boost_clock_mhz"]), v100["boost_clock_mhz"], v100)
     w = cta_warps or warps_per_subpartition
     timed = phases.lockstep_cycles(instrs, w, v100)
-    mix = replace(mix, critical_cycles=timed["cycles"], critical_warps=w)
+    slope = dram_rounds(lambda v: phases.lockstep_cycles(instrs, w, v)["cycles"], v100)
+    mix = replace(mix, critical_cycles=timed["cycles"], critical_warps=w, dram_rounds=slope)
     return {
         "start": loop.start,
         "end": loop.end,
