@@ -123,3 +123,19 @@ def test_serial_runs_find_the_hmma_free_stretches_including_the_wrap():
     assert [(r["start"], r["instructions"]) for r in runs] == [(5, 20), (27, 17)]
     assert (runs[0]["shuffles"], runs[0]["mufu"], runs[0]["barriers"]) == (2, 1, 1)
     assert phases.serial_runs(code(lines), shortest=18) == runs[:1]
+
+
+def test_the_dram_slope_counts_the_load_rounds_an_iteration_waits_for_in_turn():
+    """sass_mix.dram_rounds: two loads whose results feed the next load's address wait one after
+    the other (2 cycles per cycle of latency); two independent loads used together wait once (1);
+    code without global loads does not move (0)."""
+    from fa2patch.model.sass_mix import dram_rounds
+
+    chained = ["LDG.E.SYS R2, [R4]", "LDG.E.SYS R6, [R2]", "FADD R8, R6, R6"]
+    together = ["LDG.E.SYS R2, [R4]", "LDG.E.SYS R6, [R10]", "FADD R8, R6, R2"]
+    plain = ["FADD R8, R6, R2", "FADD R9, R8, R2"]
+    slope = {
+        name: dram_rounds(lambda v, lines=lines: phases.lockstep_cycles(code(lines), 1, v)["cycles"], V100)
+        for name, lines in (("chained", chained), ("together", together), ("plain", plain))
+    }
+    assert slope == pytest.approx({"chained": 2.0, "together": 1.0, "plain": 0.0})

@@ -163,6 +163,8 @@ def test_decode_with_grouped_heads_swaps_heads_into_rows_and_splits():
     p = predict(shape, kernels, Card(), V100, CALIBRATION, ARTIFACT)
     main, combine = p["launches"]
     assert (main["ctas"], main["cta_iterations"], main["ctas_per_sm"]) == (128, 128 * 8, 2)
+    # each K/V byte is read by one CTA once: the forward launch streams from DRAM, the combine does not
+    assert (main["streams"], combine["streams"]) == (True, False)
     partials = 16 * 8 * 4 * (128 * 4 + 4)
     assert combine["name"] == "splitkv_combine_sm70_kernel"
     assert combine["hbm_ms"] == pytest.approx((partials + 32 * 128 * 2) / 900e9 * 1e3)
@@ -176,6 +178,7 @@ def test_decode_batch_and_mha_decode():
     p = predict(Shape(1, 1000, 8, 8, 128, True, 0.1, b=3), kernels, Card(), V100, CALIBRATION, ARTIFACT)
     (main,) = p["launches"]
     assert (main["ctas"], main["cta_iterations"], p["plan"]["splits"]) == (24, 24 * 32, 1)
+    assert not main["streams"]  # the unswapped grid: the model's prefill path (K/V re-read from L2)
     assert p["useful_flops"] == 4 * 3 * 8 * 128 * 1000
 
 
