@@ -178,7 +178,7 @@ def test_decode_batch_and_mha_decode():
     p = predict(Shape(1, 1000, 8, 8, 128, True, 0.1, b=3), kernels, Card(), V100, CALIBRATION, ARTIFACT)
     (main,) = p["launches"]
     assert (main["ctas"], main["cta_iterations"], p["plan"]["splits"]) == (24, 24 * 32, 1)
-    assert not main["streams"]  # the unswapped grid: the model's prefill path (K/V re-read from L2)
+    assert main["streams"]  # one CTA per sequence and head reads that head's K/V once: streamed from DRAM
     assert p["useful_flops"] == 4 * 3 * 8 * 128 * 1000
 
 

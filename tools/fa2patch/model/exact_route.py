@@ -137,7 +137,9 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
     if not plan["swapped"]:
         its, idle = prefill_iterations(shape, rows_cta, keys)
         plan["idle_ctas"] = idle
-        return [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"])], plan
+        # one query block per head and no head sharing its K/V (MHA decode): each byte read once, streamed
+        once = shape.q <= rows_cta and shape.hq == shape.hkv and not shape.decode
+        return [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"], streams=once)], plan
     if plan["splits"] == 1:
         its = fa2_grid_iterations(plan["rows"], shape.kv, plan["causal"], rows_cta, keys, plan["heads"], shape.b)
     else:  # non-causal: each split takes ceil(blocks / splits) blocks; blockIdx.z = split * h + head
