@@ -13,6 +13,7 @@ from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.report import PER_REQUEST
 from fa2patch.model.v100model import Calibration, Card, KernelLaunch
 from fa2patch.peers.onecat_79t import NAME as ONECAT
+from fa2patch.peers.onecat_decode import NAME as ONECAT_DECODE
 from helpers import REPO
 
 V100 = m.load_v100()
@@ -400,16 +401,19 @@ def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave
         values = loos + [a["loko_residual"] for a in rows if a["class"] in classes]
         return [pytest.approx(min(values)), pytest.approx(max(values))]
 
-    split_d, gemms, cublas = (
+    split_d, gemms, cublas, decode = (
         "split-D fused FA2 (1Cat-vLLM)",
         "blocked CUTLASS GEMMs (1Cat-vLLM #286)",
         "cuBLAS FP16 GEMM",
+        "paged decode (1Cat-vLLM)",
     )
     by_route = cal["route_ranges"]
-    assert by_route.keys() == {EXACT, SPLITKV, GQA, PER_REQUEST, ONECAT}  # the names predictions carry
-    assert by_route[EXACT] == expected(split_d) and by_route[SPLITKV] == expected(split_d)
-    assert by_route[GQA] == expected(gemms)
-    assert by_route[PER_REQUEST] == expected(split_d, gemms) and by_route[ONECAT] == expected(gemms, cublas)
+    # the names predictions carry
+    assert by_route.keys() == {EXACT, SPLITKV, GQA, PER_REQUEST, ONECAT, ONECAT_DECODE}
+    # the exact route's decode calls stream like the decode kernels: both classes
+    assert by_route[EXACT] == expected(split_d, decode) and by_route[SPLITKV] == expected(split_d)
+    assert by_route[GQA] == expected(gemms) and by_route[ONECAT_DECODE] == expected(decode)
+    assert by_route[PER_REQUEST] == expected(split_d, gemms, decode) and by_route[ONECAT] == expected(gemms, cublas)
     assert ranges.with_range(10.0, cal, GQA)["calibrated_ms_high"] == pytest.approx(10 * (1 + max(loos)))
     assert ranges.with_range(10.0, cal, "a new kernel")["calibrated_ms_high"] == pytest.approx(
         10 * (1 + cal["range"][1])
