@@ -3,6 +3,7 @@
 the one shape its kernels are built for, and the estimate the decode anchors were fitted with."""
 
 import pytest
+
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
 from fa2patch.model import calibration as c

@@ -137,8 +137,9 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
     if not plan["swapped"]:
         its, idle = prefill_iterations(shape, rows_cta, keys)
         plan["idle_ctas"] = idle
-        # one query block per head and no head sharing its K/V (MHA decode): each byte read once, streamed
-        once = shape.q <= rows_cta and shape.hq == shape.hkv and not shape.decode
+        # MHA decode: one CTA per sequence and head reads that head's K/V once, streamed (the decode
+        # anchors' regime; a short prefill's single query block is left to the L2 model)
+        once = shape.q == 1 and shape.hq == shape.hkv and not shape.decode
         return [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"], streams=once)], plan
     if plan["splits"] == 1:
         its = fa2_grid_iterations(plan["rows"], shape.kv, plan["causal"], rows_cta, keys, plan["heads"], shape.b)
