@@ -199,24 +199,15 @@ def render(rows: list[dict], predictions: Sequence[dict] = ()) -> str:
     """The peer's section of `report`: per shape its calibrated time with its range beside each of our
     routes', and whether the ranges separate."""
     from fa2patch.common.tables import table
-    from fa2patch.model.ranges import faster_if_separated, range_text
+    from fa2patch.model.ranges import range_text
+    from fa2patch.peers.beside import our_routes
 
-    ours: dict[str, list[dict]] = {}
-    for p in predictions:
-        ours.setdefault(p["label"], []).append(p)
-    verdict = {"a": "peer faster", "b": "route faster", "not separated": "not separated"}
     cells = [
         [
             e["label"],
             range_text(e["calibrated_ms"], e["calibrated_ms_low"], e["calibrated_ms_high"], 2),
             "-" if e["published_ms"] is None else f"{e['published_ms']:.2f}",
-            "; ".join(
-                f"{p['route']}{f' x{n}' if (n := p['plan'].get('splits', 1)) > 1 else ''} "
-                f"{range_text(p['calibrated_ms'], p['calibrated_ms_low'], p['calibrated_ms_high'], 2)}: "
-                f"{verdict[faster_if_separated(e, p)]}"
-                for p in ours.get(e["label"], [])
-            )
-            or "-",
+            our_routes(e, predictions, 2),
         ]
         for e in rows
     ]

@@ -24,6 +24,7 @@ GRAPH_NODES = 4
 # The sawtooth graph's routing intervals (the document's "final default routing intervals").
 P1024_FROM = ((111104, 147841), (258176, None))
 GROUP, HEAD_DIM = 6, 256
+HEADERS = ["shape", "partition kernel", "peer calibrated ms (range)", "published ms", "our routes (range): verdict"]
 
 
 def partition_kernel(keys: int) -> str:
@@ -85,24 +86,16 @@ def render(rows: list[dict], predictions: Sequence[dict] = ()) -> str:
     """The peer's section of `report`: per shape its calibrated time with its range beside each of our
     routes', and whether the ranges separate."""
     from fa2patch.common.tables import table
-    from fa2patch.model.ranges import faster_if_separated, range_text
+    from fa2patch.model.ranges import range_text
+    from fa2patch.peers.beside import our_routes
 
-    ours: dict[str, list[dict]] = {}
-    for p in predictions:
-        ours.setdefault(p["label"], []).append(p)
-    verdict = {"a": "peer faster", "b": "route faster", "not separated": "not separated"}
     cells = [
         [
             e["label"],
             e["plan"]["partition_kernel"],
             range_text(e["calibrated_ms"], e["calibrated_ms_low"], e["calibrated_ms_high"], 3),
             "-" if e["published_ms"] is None else f"{e['published_ms']:.5f}",
-            "; ".join(
-                f"{p['route']} {range_text(p['calibrated_ms'], p['calibrated_ms_low'], p['calibrated_ms_high'], 3)}: "
-                f"{verdict[faster_if_separated(e, p)]}"
-                for p in ours.get(e["label"], [])
-            )
-            or "-",
+            our_routes(e, predictions, 3),
         ]
         for e in rows
     ]
