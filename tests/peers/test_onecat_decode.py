@@ -50,3 +50,16 @@ def test_at_an_anchor_the_peer_is_the_anchor_as_calibrated():
     assert est["published_ms"] == anchor["measured_ms"] == 0.38863
     assert est["plan"]["partition_kernel"] == anchor["kernel"]
     assert est["calibrated_ms_high"] > est["calibrated_ms"] > est["calibrated_ms_low"]
+
+
+def test_report_prints_the_peer_beside_our_routes(built_sm70, real_project):
+    """`report --peer 1cat-decode` on the real build, on the peer's card: the peer's row (its kernel, its
+    calibrated range, the published gate time) and our exact route's decode beside it with a verdict;
+    a shape its kernels are not built for fails the command, naming why."""
+    args = ("report", "--arch", "sm_70", "--sms", "72", "--dram-gbs", "1128.5", "--splits", "", "--peer")
+    out = real_project.run(*args, "1cat-decode", "--shapes", "q=1,kv=131072,hq=6,hkv=1,d=256").stdout
+    assert "Peer 1cat-decode" in out and "DRAM peak 1128.5 GB/s" in out
+    row = next(line for line in out.splitlines() if line.startswith("Q=1 KV=131072") and "1Cat decode" in line)
+    assert "1Cat decode p1024 T192" in row and "0.38863" in row and "sm70-dense " in row
+    bad = real_project.run(*args, "1cat-decode", "--shapes", "q=1,kv=4096,hq=32,hkv=8,d=128", check_rc=2)
+    assert "1cat-decode" in bad.stderr and "Hq/Hkv=32/8" in bad.stderr
