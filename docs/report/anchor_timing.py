@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fa2patch.common.project import scratch_dir
 from fa2patch.compile import sass
-from fa2patch.model.anchor_launches import kernel_sass
+from fa2patch.model.calibration import kernel_sass
 from fa2patch.model.sass_mix import sass_record
 from fa2patch.model.v100model import load_data, load_v100
 

@@ -17,7 +17,7 @@ from fa2patch.common.shapes import parse_shapes
 from fa2patch.compile import sass
 from fa2patch.compile.extension import launches_of
 from fa2patch.model import calibration as c, phases, report, sass_mix, v100model as m
-from fa2patch.model.anchor_launches import kernel_sass
+from fa2patch.model.calibration import kernel_sass
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
 SCRATCH = scratch_dir(Path.cwd())  # $FA2PATCH_SCRATCH, else work/scratch

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from fa2patch.common.routes import EXACT, GQA, SPLITKV
-from fa2patch.model import anchor_launches, calibration as c, loop_mix, ranges, sass_mix, v100model as m
+from fa2patch.model import calibration as c, loop_mix, ranges, sass_mix, v100model as m
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.report import PER_REQUEST
 from fa2patch.model.v100model import Calibration, Card, KernelLaunch
@@ -435,14 +435,14 @@ def test_prefill_anchor_launches_and_measured_time():
     data = m.load_data("anchors.toml")
     kernels = {k["name"]: k for k in data["kernel"]}
     anchor = next(a for a in data["anchor"] if a["name"] == "prefill Q=8000 KV=40K")
-    launches = anchor_launches.anchor_launches(anchor, kernels)
+    launches = c.anchor_launches(anchor, kernels)
     # Prefix 32,000 keys: blocks of 8192, 8192, 8192, 7424; a QK and a PV launch each.
     assert [x.name for x in launches] == ["prefill QK", "prefill PV"] * 4
     qk, pv = launches[6], launches[7]
     assert len(qk.iterations) == 375 * 15 and qk.iterations[0] == 8
     assert len(pv.iterations) == 750 and pv.iterations[0] == 7424 // 32
     assert qk.hbm_bytes == 48000 * 7424 * 2 + 48000 * 256 * 2 + 7424 * 256 * 2
-    assert not qk.fused and anchor_launches.anchor_launches(data["anchor"][0], kernels)[0].fused
+    assert not qk.fused and c.anchor_launches(data["anchor"][0], kernels)[0].fused
     assert c.measured(anchor) == (pytest.approx(30.27579 - 4.83), "ms")
 
 
@@ -458,7 +458,7 @@ def test_recorded_anchor_kernels_match_their_sass_where_it_is_at_hand(name):
     from fa2patch.compile import sass
 
     kernel = next(k for k in m.load_data("anchors.toml")["kernel"] if k["name"] == name)
-    path, part = anchor_launches.kernel_sass(kernel, scratch_dir(REPO))
+    path, part = c.kernel_sass(kernel, scratch_dir(REPO))
     if not path.exists():
         pytest.skip(f"{path}: the anchor kernel's SASS is not at hand")
     function = next(f for f in sass.parse_sass(path.read_text()) if part in f.name)

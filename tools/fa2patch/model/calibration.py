@@ -27,13 +27,157 @@ FA2 grid, or KV-blocked GEMM tiles); a route of no class takes every class's. Tw
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from fa2patch.model import memory
-from fa2patch.model.anchor_launches import anchor_card, anchor_launches
+from fa2patch.model.loop_mix import mix_from_data
+from fa2patch.model.nelder_mead import nelder_mead
 from fa2patch.model.ranges import route_ranges, spread
-from fa2patch.model.v100model import Calibration, load_data, load_v100, peak_tflops, route_timer
+from fa2patch.model.v100model import (
+    Calibration,
+    Card,
+    KernelLaunch,
+    fa2_grid_iterations,
+    gemm_launch,
+    load_data,
+    load_v100,
+    peak_tflops,
+    route_timer,
+)
 
 MODEL = Calibration()  # the model itself
+
+
+def anchor_card(anchor: dict, v100: dict | None = None) -> Card:
+    """The card an anchor ran on: its SMs, its clock and, where the record names the card
+    (``card.dram``), that card's DRAM peak (memory.card_peak)."""
+    card = anchor["card"]
+    peak = memory.card_peak(card["dram"], v100 or load_v100()) if "dram" in card else None
+    return Card(card["sms"], card["clock_mhz"], peak)
+
+
+def kernel_code(kernel: dict) -> dict:
+    """A recorded kernel's hot loop, its code outside the loop (run once per CTA) and the
+    global-load rounds each CTA waits for before its first iteration (0 where the code outside
+    the loop was timed from the SASS: its loads are in it)."""
+    if "outside" in kernel:
+        return {
+            "loop": mix_from_data(kernel["loop"]),
+            "epilogue": mix_from_data(kernel["outside"]),
+            "prologue_load_rounds": 0,
+        }
+    return {
+        "loop": mix_from_data(kernel["loop"]),
+        "epilogue": mix_from_data(kernel.get("epilogue", {})),
+        "prologue_load_rounds": kernel.get("prologue_load_rounds", 1),
+    }
+
+
+def kernel_sass(kernel: dict, scratch: Path) -> tuple[Path, str]:
+    """Where an anchor kernel's SASS was written when it was compiled (its mix_source's ``sass``: a
+    file in the scratch folder, common.project.scratch_dir) and the part of the function name that
+    picks its function there."""
+    where = kernel["mix_source"]["sass"]
+    return scratch / where["file"], where["function"]
+
+
+def anchor_launches(anchor: dict, kernels: dict) -> list[KernelLaunch]:
+    """The launches an anchor's measurement covers, rebuilt from its recorded workload."""
+    work = anchor["workload"]
+    if work["kind"] == "fa2-forward":
+        kernel = kernels[anchor["kernel"]]
+        its = fa2_grid_iterations(
+            work["q"], work["kv"], work["causal"], kernel["rows_per_cta"], kernel["keys_per_iteration"], work["hq"]
+        )
+        code = kernel_code(kernel)
+        return [
+            KernelLaunch(
+                anchor["kernel"],
+                code["loop"],
+                tuple(its),
+                kernel["warps"],
+                kernel["ctas_per_sm"],
+                code["epilogue"],
+                code["prologue_load_rounds"],
+                fused=True,
+            )
+        ]
+    if work["kind"] == "kv-blocked-gemms":
+        qk, pv = kernels[work["qk_kernel"]], kernels[work["pv_kernel"]]
+        qk_code, pv_code = kernel_code(qk), kernel_code(pv)
+        rows, d = work["q"] * work["hq"] // work["hkv"], work["d"]
+        launches = []
+        prefix = work["kv"] - work["q"]
+        for start in range(0, prefix, work["block_keys"]):
+            n = min(work["block_keys"], prefix - start)
+            scores = rows * n * 2
+            launches.append(
+                gemm_launch(
+                    work["qk_kernel"],
+                    qk_code["loop"],
+                    qk,
+                    rows,
+                    n,
+                    d,
+                    scores + rows * d * 2 + n * d * 2,
+                    qk_code["epilogue"],
+                    qk_code["prologue_load_rounds"],
+                )
+            )
+            launches.append(
+                gemm_launch(
+                    work["pv_kernel"],
+                    pv_code["loop"],
+                    pv,
+                    rows,
+                    d,
+                    n,
+                    scores + n * d * 2,
+                    pv_code["epilogue"],
+                    pv_code["prologue_load_rounds"],
+                )
+            )
+        return launches
+    if work["kind"] == "paged-decode":
+        return decode_launches(anchor["kernel"], work, kernels)
+    raise ValueError(f"anchor {anchor['name']}: unknown workload kind {work['kind']!r}")
+
+
+def decode_launches(name: str, work: dict, kernels: dict) -> list[KernelLaunch]:
+    """A decode anchor's launches: the partition kernel (one CTA per partition of its keys, one
+    iteration per 128-key tile, streaming K and V from DRAM) and, for a whole call, its reducers
+    (over the partitions; they read partials just written, from L2)."""
+    kernel = kernels[name]
+    keys, size = work["keys"], kernel["partition_keys"]
+    parts = -(-keys // size)
+    tiles = [-(-min(size, keys - p * size) // kernel["keys_per_iteration"]) for p in range(parts)]
+    code = kernel_code(kernel)
+    group, d = 6, 256  # the anchors' shape: 6 query heads per KV head, head dim 256
+    kv_bytes = keys * d * 2 * 2
+    partials = parts * group * (d * 2 + 8)  # fp16 partial O, fp32 max and sum per partition and head
+    launches = [
+        KernelLaunch(
+            name,
+            code["loop"],
+            tuple(tiles),
+            kernel["warps"],
+            kernel["ctas_per_sm"],
+            code["epilogue"],
+            code["prologue_load_rounds"],
+            hbm_bytes=kv_bytes + partials,
+            streams=True,
+        )
+    ]
+    for reducer in work.get("reducers", []):
+        r = kernels[reducer]
+        rcode = kernel_code(r)
+        trips = -(-parts // r["partitions_per_iteration"])
+        launches.append(
+            KernelLaunch(
+                reducer, rcode["loop"], (trips,) * r["ctas"], r["warps"], r["ctas_per_sm"], rcode["epilogue"], 0
+            )
+        )
+    return launches
 
 
 def measured(anchor: dict) -> tuple[float, str]:
@@ -184,43 +328,6 @@ def leave_kernel_out(anchors: list[dict], kernels: dict, v100: dict, timers: lis
     return out
 
 
-def nelder_mead(f, x0: list[float], step: list[float], tol: float = 1e-7, iterations: int = 400) -> list[float]:
-    """Minimise ``f`` from ``x0`` (the standard reflection / expansion / contraction / shrink)."""
-    points = [list(x0)] + [[x + (s if i == j else 0.0) for j, x in enumerate(x0)] for i, s in enumerate(step)]
-    values = [f(p) for p in points]
-    for _ in range(iterations):
-        order = sorted(range(len(points)), key=values.__getitem__)
-        points, values = [points[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < tol:
-            break
-        centre = [sum(c) / (len(points) - 1) for c in zip(*points[:-1], strict=True)]
-        worst = points[-1]
-        reflected = _toward(centre, worst, -1.0)
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = _toward(centre, worst, -2.0)
-            fe = f(expanded)
-            points[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            points[-1], values[-1] = reflected, fr
-        else:
-            inner = _toward(centre, worst, 0.5)
-            fi = f(inner)
-            if fi < values[-1]:
-                points[-1], values[-1] = inner, fi
-            else:
-                points = [points[0]] + [
-                    [b + 0.5 * (p - b) for b, p in zip(points[0], q, strict=True)] for q in points[1:]
-                ]
-                values = [values[0]] + [f(p) for p in points[1:]]
-    return points[min(range(len(points)), key=values.__getitem__)]
-
-
-def _toward(centre: list[float], worst: list[float], t: float) -> list[float]:
-    """The point ``t`` of the way from ``centre`` to ``worst`` (t < 0: beyond the centre, away from it)."""
-    return [c + t * (w - c) for c, w in zip(centre, worst, strict=True)]
-
-
 _CACHE: dict = {}
 
 
@@ -324,39 +431,3 @@ def loko_within(rows: list[dict], target: float) -> bool:
 
 
 USER_FIELDS = ("file", "shape", "label", "route", "clock_mhz", "clock_source", "throttled")
-
-
-def header_text(calibration: dict) -> str:
-    """One paragraph: the fitted parameters, the anchors' residuals, each kernel class's
-    leave-one-kernel-out residuals and the range rule."""
-    p, (lo, hi), (llo, lhi) = calibration["parameters"], calibration["residual_range"], calibration["loo_range"]
-    rlo, rhi = calibration["range"]
-    classes = "; ".join(class_text(c) for c in calibration["classes"])
-    routes = ", ".join(f"{r} {lo:+.1%} .. {hi:+.1%}" for r, (lo, hi) in calibration.get("route_ranges", {}).items())
-    target = calibration["targets"]["loko"]
-    held = "held" if calibration["loko_within_target"] else "NOT held"
-    return (
-        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f}, {p['cta_cycles']:,.0f} cycles per "
-        f"fused-attention CTA and a DRAM latency of {p['dram_latency_ns']:.0f} ns for streaming loads, fitted to "
-        f"{len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
-        f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); leave-one-kernel-out by class: {classes} (target "
-        f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 + the smallest) .. "
-        f"(1 + the largest) of every anchor's leave-one-out residual and the leave-one-kernel-out residuals of "
-        f"the route's kernel class ({routes}; any other route: {rlo:+.1%} .. {rhi:+.1%}), how far off the model was "
-        f"on each anchor or kernel class it was not fitted to; two routes are separated where their ranges do "
-        f"not overlap."
-    )
-
-
-def class_text(c: dict) -> str:
-    """ "split-D (11 anchors) -5.8% .. +40.3%, cycles per CTA not identified without it (0)"."""
-    n = len(c["anchors"])
-    if c["parameters"] is None:
-        return f"{c['class']} ({n} anchors) no other class to fit"
-    lo, hi = c["loko_range"]
-    text = f"{c['class']} ({n} anchor{'s' * (n > 1)}) {lo:+.1%} .. {hi:+.1%}"
-    if not c["cta_identified"]:
-        text += ", cycles per CTA not identified without it (0)"
-    if not c.get("latency_identified", True):
-        text += f", DRAM latency not identified without it (the pointer chase's {memory.latency_ns():.0f} ns)"
-    return text

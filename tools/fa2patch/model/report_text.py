@@ -5,7 +5,7 @@ report.report's result, as ``report --json`` prints it."""
 
 from fa2patch.common import routes
 from fa2patch.common.tables import table
-from fa2patch.model.calibration import header_text
+from fa2patch.model import memory
 from fa2patch.model.ranges import range_text
 from fa2patch.model.user_anchors import render_calibration
 
@@ -146,3 +146,39 @@ def _limits(p: dict) -> str:
 
 def _num(x) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def header_text(calibration: dict) -> str:
+    """One paragraph: the fitted parameters, the anchors' residuals, each kernel class's
+    leave-one-kernel-out residuals and the range rule."""
+    p, (lo, hi), (llo, lhi) = calibration["parameters"], calibration["residual_range"], calibration["loo_range"]
+    rlo, rhi = calibration["range"]
+    classes = "; ".join(class_text(c) for c in calibration["classes"])
+    routes = ", ".join(f"{r} {lo:+.1%} .. {hi:+.1%}" for r, (lo, hi) in calibration.get("route_ranges", {}).items())
+    target = calibration["targets"]["loko"]
+    held = "held" if calibration["loko_within_target"] else "NOT held"
+    return (
+        f"calibrated: the model with cycle factor {p['cycle_factor']:.3f}, {p['cta_cycles']:,.0f} cycles per "
+        f"fused-attention CTA and a DRAM latency of {p['dram_latency_ns']:.0f} ns for streaming loads, fitted to "
+        f"{len(calibration['anchors'])} anchors (residuals {lo:+.1%} .. {hi:+.1%}, "
+        f"leave-one-out {llo:+.1%} .. {lhi:+.1%}); leave-one-kernel-out by class: {classes} (target "
+        f"+-{target:.0%} for a class of two anchors or more: {held}); range: the point x (1 + the smallest) .. "
+        f"(1 + the largest) of every anchor's leave-one-out residual and the leave-one-kernel-out residuals of "
+        f"the route's kernel class ({routes}; any other route: {rlo:+.1%} .. {rhi:+.1%}), how far off the model was "
+        f"on each anchor or kernel class it was not fitted to; two routes are separated where their ranges do "
+        f"not overlap."
+    )
+
+
+def class_text(c: dict) -> str:
+    """ "split-D (11 anchors) -5.8% .. +40.3%, cycles per CTA not identified without it (0)"."""
+    n = len(c["anchors"])
+    if c["parameters"] is None:
+        return f"{c['class']} ({n} anchors) no other class to fit"
+    lo, hi = c["loko_range"]
+    text = f"{c['class']} ({n} anchor{'s' * (n > 1)}) {lo:+.1%} .. {hi:+.1%}"
+    if not c["cta_identified"]:
+        text += ", cycles per CTA not identified without it (0)"
+    if not c.get("latency_identified", True):
+        text += f", DRAM latency not identified without it (the pointer chase's {memory.latency_ns():.0f} ns)"
+    return text

@@ -23,8 +23,7 @@ from dataclasses import replace
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
-from fa2patch.model.anchor_launches import kernel_code
-from fa2patch.model.calibration import calibrate
+from fa2patch.model.calibration import calibrate, kernel_code
 from fa2patch.model.loop_mix import SUBPARTITIONS, LoopMix
 from fa2patch.model.report import route_estimate
 from fa2patch.model.v100model import Card, KernelLaunch, gemm_launch, load_data, load_v100

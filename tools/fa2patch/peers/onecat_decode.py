@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
-from fa2patch.model.anchor_launches import decode_launches
+from fa2patch.model.calibration import decode_launches
 from fa2patch.model.report import route_estimate
 from fa2patch.model.v100model import Card, load_data, load_v100
 
