@@ -565,3 +565,18 @@ def test_the_route_timer_is_estimate_route_as_a_function_of_the_parameters():
                 want = m.estimate_route(launches, Card(3, 1530), V100, cal, clock)
                 assert timer(cal) == pytest.approx(want["ms"], rel=1e-12)
                 assert clock is None or want["clock_mhz"] == clock
+
+
+def test_the_decode_anchors_meet_issue_24s_targets_and_order_the_occupancy_pair():
+    """Issue 24: the decode anchors within +-10% and +-15% left out one at a time, the streaming
+    latency fitted (longer than the idle pointer chase it falls back to); and the Nsight occupancy
+    pair (the same loads from one and from two CTAs per SM, 131,071 keys) ordered as measured."""
+    cal = c.calibrate()
+    decode = [a for a in cal["anchors"] if a["class"] == "paged decode (1Cat-vLLM)"]
+    assert len(decode) == 9
+    assert all(abs(a["residual"]) <= 0.10 and abs(a["loo_residual"]) <= 0.15 for a in decode), decode
+    assert cal["parameters"]["dram_latency_ns"] > 434.4 / 1.380
+    one, two = (
+        next(a for a in decode if a["name"].startswith(f"1Cat decode p1024 {t}, 131,071")) for t in ("T256", "T192")
+    )
+    assert one["measured"] > two["measured"] and one["calibrated"] > two["calibrated"]
