@@ -24,6 +24,7 @@ with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
                  must be bitwise those of the exact route (the env switch at "0"), and differ in route from
                  the same call without the hook
   graph          a CUDA graph captured around varlen_fwd replays with the exact route's result
+  decode_split   a decode call with num_splits 0 is bitwise the same call with ``splits`` given
   streams        two threads on two streams, each several calls on its own inputs: every result
                  bitwise equal to the same call made alone
   devices        like streams, one thread per device (needs two GPUs)
@@ -151,6 +152,16 @@ def scenario_route(ops, spec, inputs, asked=()) -> dict:
 def scenario_decide(ops, spec, inputs, asked=()) -> dict:
     decided, lines = logged_lines(lambda: decisions(ops, asked))
     return {"decided": decided, "profile": json.loads(ops.route_stats())["profile"], "log_lines": lines}
+
+
+def scenario_decode_split(ops, spec, inputs, splits: int) -> dict:
+    """A decode call (FA2's seqlen_q/ngroups swap) with num_splits 0, routing's decode split
+    (routing::decode_splits), against the same call with ``splits`` given explicitly: bitwise equal
+    (the split count decides the partition boundaries); and the contract against the reference."""
+    result = sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
+    auto = two_calls(ops, spec, inputs)
+    given = two_calls(ops, {**spec, "num_splits": splits}, inputs)
+    return {**result, "identical_to_given": bitwise(auto[0], given[0]) and bitwise(auto[1], given[1])}
 
 
 def scenario_split_graph(ops, spec, inputs) -> dict:
@@ -436,6 +447,7 @@ def main(argv) -> int:
             "oom": scenario_oom,
             "graph": scenario_graph,
             "split_graph": scenario_split_graph,
+            "decode_split": lambda o, sp, x: scenario_decode_split(o, sp, x, int(raw["splits"])),
             "split_oom": scenario_split_oom,
             "corrupt_graph": scenario_corrupt_graph,
         }[scenario](ops, spec, inputs)

@@ -200,6 +200,18 @@ def test_split_prefill_leaves_decode_calls_to_fas_decode_split(gpu_build):
     assert r["routes"] == {EXACT: 1} and r["ok"], r
 
 
+@pytest.mark.parametrize("sms, kv, splits", [(100, 300, 10), (1000, 9000, 128)])
+def test_decode_split_fills_one_wave_of_the_kernels_slots(gpu_build, sms, kv, splits):
+    """Patch 0004's decode split (num_splits 0 in FA2's seqlen_q/ngroups swap): slots / CTAs, at most
+    one split per 32-key block and 128. One sequence on one KV head (1 CTA) under a forced SM count
+    of at least 100 (slots >= 100 whatever the kernel's CTAs per SM on this GPU): ceil(kv / 32) splits
+    (10 at 300 keys), at most 128 (9,000 keys). The call is bitwise the same call with that split count
+    given, and exact. (FA2's own heuristic gives 3 and 71 there on an H200's 132 SMs.)"""
+    spec = {"seqlens": [[1, kv]], "hq": 8, "hkv": 1, "d": 128, "causal": True, "page_size": 16, "seed": 5}
+    r = run(gpu_build, "decode_split", spec, sms=sms, splits=splits)
+    assert r["ok"] and r["identical_to_given"], r
+
+
 # --- Routing profiles (issue 17 item 5; spec: the routing profile format 1) --------------------------
 
 PROFILE_ENV = "FA2PATCH_ROUTING_PROFILE"

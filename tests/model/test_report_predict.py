@@ -10,7 +10,7 @@ import pytest
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape, parse_shapes
-from fa2patch.model.exact_route import dense_plan, fa2_num_splits
+from fa2patch.model.exact_route import decode_splits, dense_plan
 from fa2patch.model.report import predict, route_geometry
 from fa2patch.model.v100model import Card, LoopMix, load_v100
 from helpers import REPO, dense_geometry
@@ -138,38 +138,39 @@ def test_the_floor_is_full_tensor_duty_at_the_clock_that_duty_allows(factor):
     assert p["floor_ms"] < p["calibrated_ms"]
 
 
-def test_fa2_split_heuristic_by_hand():
-    # 8 (batch x heads x m-blocks) on 2 x 80 "SMs", 32 FA2 key blocks: eligible split counts are
-    # those that change ceil(32/s): 1..8, 11, 16, 32. Efficiency 8s/160 / ceil(8s/160): s=16 and
-    # s=32 give 0.8 (the best), s=11 0.55: the first >= 0.85 x 0.8 is 16.
-    assert fa2_num_splits(8, 160, 32) == 16
-    assert fa2_num_splits(128, 160, 32) == 1  # >= 0.8 x SMs: one split
-    assert fa2_num_splits(1, 160, 1) == 1
+def test_the_decode_split_fills_one_wave_of_the_kernels_slots():
+    # patch 0004's routing::decode_splits: slots / CTAs, at most one per key block and 128.
+    assert decode_splits(8, 4096, 32, 160) == 20  # 160 slots over 8 CTAs
+    assert decode_splits(1, 131072, 32, 72) == 72  # one CTA: a split per SM
+    assert decode_splits(1, 131072, 32, 264) == 128  # FA2's limit
+    assert decode_splits(1, 100, 32, 72) == 4  # one split per key block at most
+    assert decode_splits(160, 4096, 32, 160) == 1 and decode_splits(200, 4096, 32, 160) == 1  # full already
 
 
 def test_decode_with_grouped_heads_swaps_heads_into_rows_and_splits():
-    # q=1, 32/8 heads, d=128, kv=4096 on 80 SMs: rows = 4 heads of a group, 8 "heads", FA2 key
-    # blocks of 128: 32 of them, and 16 splits (previous test). The kernel's 128 blocks of 32
-    # keys: 8 per split; 16 x 8 CTAs, then the combine kernel.
+    # q=1, 32/8 heads, d=128, kv=4096 on 80 SMs: rows = 4 heads of a group, 8 "heads", 8 CTAs; the
+    # kernel holds 2 CTAs per SM: 160 slots, 20 splits (previous test). The kernel's 128 blocks of
+    # 32 keys: ceil(128/20) = 7 per split (the 19th gets 2, the 20th none); 20 x 8 CTAs, then the
+    # combine kernel.
     shape = Shape(1, 4096, 32, 8, 128, True, 0.1)
     kernels = [kernel_row(dense_geometry(128), [loop(512, instructions=900)], blocks_per_sm=2)]
-    assert dense_plan(shape, kernels[0]["geometry"], Card()) == {
+    assert dense_plan(shape, kernels[0]["geometry"], Card(), 2) == {
         "rows": 4,
         "heads": 8,
         "causal": False,
-        "splits": 16,
+        "splits": 20,
         "swapped": True,
     }
     p = predict(shape, kernels, Card(), V100, CALIBRATION, ARTIFACT)
     main, combine = p["launches"]
-    assert (main["ctas"], main["cta_iterations"], main["ctas_per_sm"]) == (128, 128 * 8, 2)
+    assert (main["ctas"], main["cta_iterations"], main["ctas_per_sm"]) == (160, 128 * 8, 2)
     # each K/V byte is read by one CTA once: the forward launch streams from DRAM, the combine does not
     assert (main["streams"], combine["streams"]) == (True, False)
-    partials = 16 * 8 * 4 * (128 * 4 + 4)
+    partials = 20 * 8 * 4 * (128 * 4 + 4)
     assert combine["name"] == "splitkv_combine_sm70_kernel"
     assert combine["hbm_ms"] == pytest.approx((partials + 32 * 128 * 2) / 900e9 * 1e3)
-    # On 72 SMs the heuristic sees 144: 8s/144; the fewest splits within 85% of the best differ.
-    assert dense_plan(shape, kernels[0]["geometry"], Card(72, 1530))["splits"] == fa2_num_splits(8, 144, 32)
+    # On 72 SMs: 144 slots, 18 splits.
+    assert dense_plan(shape, kernels[0]["geometry"], Card(72, 1530), 2)["splits"] == 18
 
 
 def test_decode_batch_and_mha_decode():

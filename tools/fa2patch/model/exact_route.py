@@ -4,8 +4,10 @@
 - **Unsplit** (``dense_launches``): the forward kernel, grid (query blocks, sequences, heads), CTA m
   of a sequence holding its query rows m x rows .. (m + 1) x rows - 1 over the key blocks it sees
   (bottom-right causal: ``visible_blocks``, as sm70/mask.h ``visible_blocks``).
-- **FA2's decode split** (``dense_plan``): q = 1 with hq > hkv swaps a group's heads into the query
-  rows and splits KV by FA2's ``num_splits_heuristic``; its combine is charged its HBM bytes. Each
+- **The decode split** (``dense_plan``): q = 1 with hq > hkv swaps a group's heads into the query
+  rows (FA2's host code) and splits KV so that one wave fills the kernel's CTA slots (patch 0004,
+  ``decode_splits``; FA2's own heuristic sized it for its SM80 kernel); its combine is charged its
+  HBM bytes. Each
   K/V byte is read once, by one CTA: the forward launch streams from DRAM (memory.py).
 - **Split-KV on prefill** (``splitkv_launches``; routing's ``sm70-dense-splitkv``, patch 0004): the
   same kernel with blockIdx.z = split x heads + head: each CTA's visible key blocks are cut into
@@ -20,8 +22,6 @@
   (running requests are scheduled before a new prefill chunk).
 """
 
-import math
-
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
 from fa2patch.model.loop_mix import LoopMix
@@ -33,31 +33,30 @@ COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
 COMBINE_COLUMNS_PER_TRIP = 64
 
 
-def fa2_num_splits(batch_heads_mblocks: int, sms: int, n_blocks: int, max_splits: int = 128) -> int:
-    """FA2's split-KV heuristic (flash_api.cpp num_splits_heuristic, called by set_params_splitkv
-    with twice the SM count): the fewest splits whose wave efficiency is >= 85% of the best."""
-    if batch_heads_mblocks >= 0.8 * sms:
-        return 1
-    max_splits = min(max_splits, sms, n_blocks)
-    eligible = [s for s in range(1, max_splits + 1) if s == 1 or -(-n_blocks // s) != -(-n_blocks // (s - 1))]
-    eff = {s: batch_heads_mblocks * s / sms / math.ceil(batch_heads_mblocks * s / sms) for s in eligible}
-    best = max(eff.values(), default=0.0)
-    return next((s for s in eligible if eff[s] >= 0.85 * best), 1)
+MAX_SPLITS = 128  # FA2's limit (set_params_splitkv)
 
 
-def dense_plan(shape: Shape, geometry: dict, card: Card) -> dict:
+def decode_splits(ctas: int, kv: int, keys_per_iteration: int, slots: int) -> int:
+    """The decode swap's split count on the SM70 route (patch 0004, routing::decode_splits): one wave
+    of the exact route's CTA slots, slots / ctas splits, at most one per key block and 128; 1 where
+    the CTAs fill the slots already."""
+    blocks = -(-kv // keys_per_iteration)
+    return max(1, min(slots // ctas if ctas > 0 else 1, blocks, MAX_SPLITS))
+
+
+def dense_plan(shape: Shape, geometry: dict, card: Card, ctas_per_sm: int = 1) -> dict:
     """How FA2's varlen host code runs ``shape`` on the sm70-dense kernel, num_splits = 0
     (automatic): decode with grouped heads (q=1, hq > hkv, no other rows) swaps the heads of a
     group into the query rows (seqlen_q = hq/hkv, h = hkv) and is the only case that splits KV;
-    q=1 drops the causal mask. FA2 sizes the split from its own SM80 split kernel's blocks (64
-    rows, block_n by head dim), not from this route's geometry."""
+    q=1 drops the causal mask. The split fills the kernel's CTA slots (``card.sms`` x
+    ``ctas_per_sm``) in one wave (``decode_splits``)."""
     swapped = shape.q == 1 and shape.hq > shape.hkv and not shape.decode
     rows, heads = (shape.hq // shape.hkv, shape.hkv) if swapped else (shape.q, shape.hq)
     causal = shape.causal and shape.q > 1
     splits = 1
     if swapped:
-        fa2_block_n = 256 if shape.d <= 64 else 128 if shape.d <= 128 else 64  # set_params_splitkv
-        splits = fa2_num_splits(shape.b * heads * -(-rows // 64), 2 * card.sms, -(-shape.kv // fa2_block_n))
+        ctas = shape.b * heads * -(-rows // geometry["rows_per_cta"])
+        splits = decode_splits(ctas, shape.kv, geometry["keys_per_iteration"], card.sms * ctas_per_sm)
     return {"rows": rows, "heads": heads, "causal": causal, "splits": splits, "swapped": swapped}
 
 
@@ -131,7 +130,7 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
     """The sm70-dense route's launches for ``shape``: the forward kernel and, for FA2's decode
     split, the combine kernel (its HBM traffic only)."""
     g = kernel["geometry"]
-    plan = dense_plan(shape, g, card)
+    plan = dense_plan(shape, g, card, kernel["occupancy"]["blocks_per_sm"])
     rows_cta, keys = g["rows_per_cta"], g["keys_per_iteration"]
     io = io_bytes(shape)
     if not plan["swapped"]:
