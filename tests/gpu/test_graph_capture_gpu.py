@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from fa2patch.common import routes
+
 SCRIPT = r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
@@ -77,13 +79,18 @@ for t in range(3):
     torch.cuda.synchronize()
     equal.append(all(torch.equal(a, b) for a, b in zip(replayed, state())))
     finite.append(bool(torch.isfinite(replayed[0]).all()))
-print(json.dumps({"equal": equal, "finite": finite}))
+stats = json.loads(torch.ops._vllm_fa2_C.route_stats())["devices"]["0"]["routes"]
+print(json.dumps({"equal": equal, "finite": finite, "routes": stats}))
 """
 
 
+@pytest.mark.parametrize("decode_kernel", [False, True], ids=["exact", "decode-kernel"])
 @pytest.mark.parametrize("op", ["varlen_fwd", "fwd_kvcache"])
-def test_replayed_graph_matches_eager_calls(gpu_build, op):
-    env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
+def test_replayed_graph_matches_eager_calls(gpu_build, op, decode_kernel):
+    """With the decode kernel switched on (8 query heads on 2 KV heads, head dim 128: FA2's swap, 4 rows
+    per KV head) varlen_fwd's calls are counted as sm70-decode; the split its launch geometry takes is
+    a host-side value, the lengths are read on the device."""
+    env = {**os.environ, "FA2PATCH_FORCE_SM70": "1", routes.DECODE_ENV: "1" if decode_kernel else "0"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(gpu_build), op], capture_output=True, text=True, env=env, timeout=300
     )
@@ -91,3 +98,5 @@ def test_replayed_graph_matches_eager_calls(gpu_build, op):
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["finite"] == [True] * 3, r
     assert r["equal"] == [True] * 3, f"replays differ from eager calls: {r}"
+    if op == "varlen_fwd":
+        assert (routes.DECODE in r["routes"]) == decode_kernel, r

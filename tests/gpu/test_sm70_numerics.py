@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from fa2patch.common import routes
 from fa2patch.common.numerics import LSE_ABS_MAX, REL_L2_MAX
 
 SCRIPT = Path(__file__).with_name("sm70_cases.py")  # varlen_fwd cases
@@ -48,6 +49,7 @@ class Case:
     expect: dict = field(default_factory=dict)  # bad-input cases: what the error must look like
     script: Path = SCRIPT
     sanitize: bool = False  # also run under compute-sanitizer (ci/gpu-sanitize.sh, sanitize_cases.py)
+    env: dict = field(default_factory=dict)  # more environment for its subprocess
 
     @property
     def id(self) -> str:
@@ -247,6 +249,43 @@ case("decode", "paged-hq8-hkv1-d64-p32-s4", seqlens=DECODE, hq=8, hkv=1, d=64, c
 case(
     "decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True, window=[32, 0]
 )
+
+# The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run): every call of
+# one query row per sequence whose group (rows per KV head) is at most 8 at head dim 64/128/256 takes
+# it (route_stats counts it); larger groups and other head dims keep the exact route. Each case runs
+# twice: bitwise the same.
+DECODE_KERNEL = {routes.DECODE_ENV: "1"}
+LENGTHS = [(1, n) for n in (1, 2, 15, 16, 17, 31, 32, 33, 127, 128, 129, 300, 513, 4097)]
+
+
+def decode_case(name, route=routes.DECODE, slow=False, **spec):
+    spec = {"seed": 2000 + len(NUMERICS), "repeats": 2, "causal": True, **spec}
+    NUMERICS.append(Case("sm70-decode", name, spec, slow, expect={"route": route}, env=DECODE_KERNEL))
+
+
+for page in (16, 32, 784):
+    decode_case(f"6-1-d256-p{page}", seqlens=LENGTHS, hq=6, hkv=1, d=256, page_size=page)
+for hq, hkv, d in ((1, 1, 64), (2, 2, 128), (4, 2, 64), (8, 1, 128), (16, 2, 256), (32, 8, 128), (3, 1, 128)):
+    decode_case(f"hq{hq}-hkv{hkv}-d{d}-p16", seqlens=LENGTHS[::2], hq=hq, hkv=hkv, d=d, page_size=16)
+decode_case("hq12-hkv1-d128-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=12, hkv=1, d=128, page_size=16)
+decode_case("hq6-hkv1-d96-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=6, hkv=1, d=96, page_size=16)
+decode_case("contig-6-1-d256", seqlens=LENGTHS, hq=6, hkv=1, d=256)
+decode_case("full-6-1-d128", seqlens=LENGTHS[::2], hq=6, hkv=1, d=128, causal=False, page_size=32)
+for splits in (1, 4, 128):
+    decode_case(f"splits{splits}-8-2-d128", seqlens=LENGTHS, hq=8, hkv=2, d=128, page_size=16, num_splits=splits)
+decode_case("window-32-0", seqlens=LENGTHS, hq=8, hkv=2, d=128, page_size=16, window=[32, 0])
+decode_case("window-100-0-d256", seqlens=LENGTHS, hq=6, hkv=1, d=256, page_size=16, window=[100, 0])
+decode_case("softcap-30-d256", seqlens=LENGTHS, hq=8, hkv=4, d=256, page_size=16, softcap=30.0)
+decode_case("alibi-causal", seqlens=LENGTHS, hq=8, hkv=2, d=128, page_size=16, alibi=True)
+decode_case("alibi-full", seqlens=LENGTHS, hq=8, hkv=2, d=64, page_size=16, alibi=True, causal=False)
+RANDOM_DECODE = [(1, _rng.randint(0, 3000)) for _ in range(64)]
+decode_case("random64", seqlens=RANDOM_DECODE, hq=8, hkv=2, d=128, page_size=16)
+decode_case("no-keys", seqlens=[(1, 0), (1, 20), (1, 0)], hq=8, hkv=1, d=128, page_size=16)
+decode_case("vllm-cache-views", seqlens=LENGTHS, hq=6, hkv=1, d=256, page_size=16, vllm_cache=True, extra_blocks=3)
+decode_case("poisoned-slots", seqlens=LENGTHS, hq=8, hkv=2, d=128, page_size=16, poison=True)
+decode_case("scores100", seqlens=LENGTHS, hq=6, hkv=1, d=256, page_size=16, magnitude=10.0, ref_dtype="float64")
+decode_case("6-1-d256-131072", seqlens=[(1, 131072), (1, 1)], hq=6, hkv=1, d=256, page_size=784)
+decode_case("6-1-d256-262080", seqlens=[(1, 262080)], hq=6, hkv=1, d=256, page_size=784)
 
 # Adversarial inputs.
 case(
@@ -858,7 +897,7 @@ class CaseRunner:
                 [sys.executable, str(c.script), str(self.artifact), json.dumps(c.spec)],
                 capture_output=True,
                 text=True,
-                env=self.env,
+                env={**self.env, **c.env},
                 timeout=c.timeout,
             )
         except subprocess.TimeoutExpired:
@@ -937,6 +976,9 @@ def check_numerics(c: Case, r: dict, numerics_summary) -> None:
         assert r["cache_ok"], f"the KV cache after the call is not the cache with the appended rows\n{where}"
     if c.spec.get("repeats", 1) > 1:
         assert r.get("deterministic") is True, f"{c.spec['repeats']} calls are not bitwise identical\n{where}"
+    if c.family == "sm70-decode":
+        calls = c.spec.get("repeats", 1)
+        assert r.get("routes") == {c.expect["route"]: calls}, f"not every call took {c.expect['route']}\n{where}"
     if c.spec.get("prefill_splits", 0) > 1:
         assert r.get("routes") == {"sm70-dense-splitkv": c.spec.get("repeats", 1)}, (
             f"not every call took the split-KV route\n{where}"

@@ -394,7 +394,13 @@ def test_route_names_are_written_once_in_each_language(real_workspace):
     fa2patch_dir = real_workspace / "csrc/flash_attn/fa2patch"
     header = (fa2patch_dir / "route_names.h").read_text()
     cpp = dict(re.findall(r"constexpr const char \*(k\w+Route) = \"([^\"]+)\";", header))
-    assert cpp == {"kDenseRoute": routes.EXACT, "kGqaPrefillRoute": routes.GQA, "kDenseSplitKvRoute": routes.SPLITKV}
+    assert cpp == {
+        "kDenseRoute": routes.EXACT,
+        "kDecodeRoute": routes.DECODE,
+        "kGqaPrefillRoute": routes.GQA,
+        "kDenseSplitKvRoute": routes.SPLITKV,
+    }
+    assert f'kDecodeEnv = "{routes.DECODE_ENV}"' in header
     names = re.compile("|".join(re.escape(f'"{n}"') for n in cpp.values()))
     elsewhere = [
         str(p.relative_to(real_workspace))
