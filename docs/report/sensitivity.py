@@ -16,7 +16,7 @@ from fa2patch.common.project import scratch_dir
 from fa2patch.common.shapes import parse_shapes
 from fa2patch.compile import sass
 from fa2patch.compile.extension import launches_of
-from fa2patch.model import calibration as c, phases, report, sass_mix, v100model as m
+from fa2patch.model import calibration as c, gqa_route, phases, report, sass_mix, v100model as m
 from fa2patch.model.calibration import kernel_sass
 
 ART = Path("build/sm_70/_vllm_fa2_C.abi3.so")
@@ -30,7 +30,7 @@ SHAPES = parse_shapes(
     "q=1,kv=32768,hq=32,hkv=8,d=128;q=1,kv=32768,hq=32,hkv=8,d=128,b=64"
 )
 base = m.load_v100()
-info, PLANS = report.read_gqa_plans(ART, SHAPES)
+info, PLANS = gqa_route.read_plans(ART, SHAPES)
 geometry = report.route_geometry(info, ART) + report.route_geometry(info, ART, routes.GQA)
 
 

@@ -248,7 +248,8 @@ def test_real_split_kv_route(built_sm70):
     output row; its verdicts follow its ranges."""
     from fa2patch.common.shapes import Shape
     from fa2patch.model.calibration import calibrate
-    from fa2patch.model.report import predict_routes, read_gqa_plans
+    from fa2patch.model.gqa_route import read_plans
+    from fa2patch.model.report import predict_routes
     from fa2patch.model.v100model import Card, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -260,7 +261,7 @@ def test_real_split_kv_route(built_sm70):
     v100 = load_v100()
     cal = calibrate(v100)
     shape = Shape(4096, 32768, 6, 1, 256, True, 0.0625)
-    plans = read_gqa_plans(artifact, [shape])[1]
+    plans = read_plans(artifact, [shape])[1]
     dense, gqa, *splits = predict_routes(shape, rows, Card(72, 1530), v100, cal, artifact, (2, 3, 4), plans)
     forward = dense["launches"][0]
     assert forward["ctas"] == 64 * 6 and gqa["route"] == GQA
@@ -287,7 +288,8 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     from dataclasses import asdict
 
     from fa2patch.common.shapes import Shape
-    from fa2patch.model.report import read_gqa_plans, route_launches
+    from fa2patch.model.gqa_route import read_plans
+    from fa2patch.model.report import route_launches
     from fa2patch.model.v100model import Calibration, Card, estimate_route, load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
@@ -299,7 +301,7 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
         (Shape(1024, 16384, 4, 1, 256, True, 0.0625), EXACT, 1500.0),
     ):
         card = Card(80, clock)
-        plans = read_gqa_plans(artifact, [shape])[1]
+        plans = read_plans(artifact, [shape])[1]
         ms = estimate_route(
             route_launches(shape, rows, route, card, artifact, plans), card, load_v100(), Calibration(1.3, 20000), clock
         )["ms"]
@@ -344,3 +346,49 @@ def test_report_anchors_on_the_real_build(built_sm70, real_project, tmp_path):
     proc = real_project.run("report", "--arch", "sm_70", "--anchors", str(h200), check_rc=None)
     assert proc.returncode != 0 and "h200.json: expected a bench file from an sm_70 card" in proc.stderr + proc.stdout
     assert "'sm_90'" in proc.stderr + proc.stdout
+
+
+def test_real_decode_route(built_sm70):
+    """The decode kernel on the shipped SASS (no HMMA): each instantiation's key loop is timed with its
+    inner loops repeated, so one iteration (32 keys per warp) holds at least the 2 x rows x D FMAs per
+    lane that its keys need (scores: one key per lane; P V: D / 8 lanes per key); a decode shape gets
+    its prediction (one CTA per sequence, KV head and split; the split fills the CTA slots in one
+    wave, at most 128; every key visited), others do not."""
+    from fa2patch.common.routes import DECODE
+    from fa2patch.common.shapes import Shape
+    from fa2patch.model import decode_route
+    from fa2patch.model.calibration import calibrate
+    from fa2patch.model.gqa_route import read_plans
+    from fa2patch.model.report import predict_routes
+    from fa2patch.model.v100model import Card, load_v100
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    rows = real_rows(artifact)
+    shape = Shape(1, 131072, 6, 1, 256, True, 0.0625)
+    others = [
+        Shape(1, 4096, 12, 1, 128, True, 0.09),  # 12 rows per KV head: no instantiation
+        Shape(1, 4096, 6, 1, 96, True, 0.1),  # head dim 96
+        Shape(2, 4096, 6, 1, 256, True, 0.0625),  # two query rows
+    ]
+    plans = read_plans(artifact, [shape, *others])[1]
+    decode = {decode_route.instantiation(r["kernel"]): r for r in rows if decode_route.instantiation(r["kernel"])}
+    assert sorted(decode) == [(d, r) for d in (64, 128, 256) for r in (1, 2, 4, 6, 8)]
+    for (d, r), row in decode.items():
+        assert row["hmma_total"] == 0 and "decode" in row, row["kernel"]
+        loop = row["decode"]["loop"]
+        assert loop["mix"]["fp32"] >= 2 * r * d and loop["mix"]["ldg"] > 0 and loop["critical_cycles"] > 0
+    v100 = load_v100()
+    cal = calibrate(v100)
+    card = Card(72, 1530)
+    preds = {p["route"]: p for p in predict_routes(shape, rows, card, v100, cal, artifact, (), plans)}
+    p, dense = preds[DECODE], preds[EXACT]
+    slots = 72 * decode[(256, 6)]["occupancy"]["blocks_per_sm"]
+    splits = min(slots, 131072 // 16, 128)
+    assert p["plan"]["splits"] == splits and p["launches"][0]["ctas"] == splits
+    assert p["plan"]["keys_per_split"] * splits >= 131072
+    assert p["launches"][1]["name"] == "splitkv_combine_sm70_kernel"
+    apart = p["calibrated_ms_high"] < dense["calibrated_ms_low"] or dense["calibrated_ms_high"] < p["calibrated_ms_low"]
+    assert p["vs_dense"] == dense["calibrated_ms"] / p["calibrated_ms"]
+    assert (p["vs_dense_verdict"] == "not separated") == (not apart)
+    for other in others:
+        assert DECODE not in {x["route"] for x in predict_routes(other, rows, card, v100, cal, artifact, (), plans)}

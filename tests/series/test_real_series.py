@@ -410,3 +410,23 @@ def test_route_names_are_written_once_in_each_language(real_workspace):
         and names.search(re.sub(r"//.*", "", p.read_text()))
     ]
     assert elsewhere == []
+
+
+def test_decode_kernel_constants_are_the_models(real_workspace):
+    """The model's mirror of the decode kernel's constants (fa2patch.model.decode_route) says what
+    decode_sm70.h / decode_sm70.cu and routing's decode split say."""
+    import re
+
+    from fa2patch.model import decode_route
+
+    sm70 = real_workspace / "csrc/flash_attn/fa2patch/sm70"
+    text = (sm70 / "decode_sm70.h").read_text() + (sm70 / "decode_sm70.cu").read_text()
+    consts = {k: int(v) for k, v in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
+    assert consts["kThreads"] == decode_route.THREADS
+    assert consts["kKeysPerWarp"] == decode_route.KEYS_PER_WARP
+    assert consts["kChunksInFlight"] == decode_route.K_IN_FLIGHT
+    assert consts["kVInFlight"] == decode_route.V_IN_FLIGHT
+    split = re.search(r"per_split = ceil_div\(ceil_div\(.+\), (\d+)\) \* (\d+);", text)
+    assert split and int(split[1]) == int(split[2]) == decode_route.SPLIT_KEYS
+    routing = (real_workspace / "csrc/flash_attn/fa2patch/routing.cpp").read_text()
+    assert f"kDecodeKeysPerSplit = {decode_route.SPLIT_KEYS};" in routing

@@ -14,9 +14,11 @@ the kernel's two hot loops told apart (``tile_loops``), each launch's HBM bytes
 """
 
 from dataclasses import replace
+from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
+from fa2patch.compile.extension import read_extension
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import CtaKind, KernelLaunch
 
@@ -135,3 +137,17 @@ def launches(shape: Shape, kernel: dict, plan: dict) -> tuple[list[KernelLaunch]
             )
         )
     return out, {"block_keys": plan["block_keys"], "blocks": plan["num_blocks"], "splits": 1}
+
+
+def read_plans(artifact: Path, shapes: list[Shape], plans: dict | None = None) -> tuple[dict, dict]:
+    """build_info() and the long-prefill op's plans for the ``shapes`` it may take
+    (may_take) that ``plans`` lacks, read in one subprocess (extension.read_extension):
+    (build_info or {error}, plans by sizes including ``plans``)."""
+    plans = dict(plans or {})
+    chunks = [replace(s, decode=0, decode_kv=0) for s in shapes if s.decode]  # predict_per_request's
+    wanted = list(dict.fromkeys(sizes(s) for s in [*shapes, *chunks] if may_take(s)))
+    wanted = [s for s in wanted if s not in plans]
+    got = read_extension(artifact, wanted)
+    if "error" in got:
+        return got, plans
+    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"], strict=True))}

@@ -14,9 +14,10 @@ restated here.
 forward kernel's grid, FA2's decode split and its combine), where its op takes the shape the
 long-prefill route (gqa_route.py: its launches from the plan the extension itself runs, read with
 ``gqa_prefill_plan`` in the same subprocess as build_info()), and the exact route with split-KV at
-each of ``splits``; per route on a ``Card`` (80 or 72 SMs, a clock) a lower bound (pipes only, at
-the card's clock), the model's time and the calibrated estimate with its range, the calibration
-refitted to the anchors on every run (calibration.calibrate). report_text.py renders it.
+each of ``splits``, and where the decode kernel takes the shape that route (decode_route.py); per
+route on a ``Card`` (80 or 72 SMs, a clock) a lower bound (pipes only, at the card's clock), the
+model's time and the calibrated estimate with its range, the calibration refitted to the anchors
+on every run (calibration.calibrate). report_text.py renders it.
 
 Estimating another route: a route's time is the sum of its kernel launches. Build one
 ``v100model.KernelLaunch`` per launch: its hot-loop mix (``LoopMix(**loop["model_mix"])`` of a
@@ -37,8 +38,8 @@ from fa2patch.common import routes
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape, useful_flops
 from fa2patch.compile import sass, toolchain
-from fa2patch.compile.extension import launches_of, read_extension
-from fa2patch.model import gqa_route
+from fa2patch.compile.extension import launches_of
+from fa2patch.model import decode_route, gqa_route
 from fa2patch.model.calibration import calibrate
 from fa2patch.model.exact_route import COMBINE_KERNEL, dense_launches, splitkv_launches
 from fa2patch.model.ranges import held_out_parameters, versus, versus_one_kernel, with_range
@@ -134,9 +135,11 @@ def kernel_rows(
         elif geo and hot:  # one kind of CTA: everything outside its hot loops runs once
             inside = {i.addr for lp in f.hot_loops() for i in lp.instrs}
             outside = outside_row([i for i in f.instrs if i.addr not in inside], cta_w, v100)
-        combine = None
+        combine = decode = None
         if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):  # split-KV's combine
             combine = combine_row(f, threads, occ["blocks_per_sm"], w, cta_w, v100)
+        if occ and (inst := decode_route.instantiation(name)):  # the decode kernel: no HMMA loop
+            decode = decode_route.record(f, inst[0], v100, w, cta_w)
         out.append(
             {
                 "kernel": name,
@@ -152,6 +155,7 @@ def kernel_rows(
                 "hot_loops": hot,
                 "outside": outside,
                 **({"combine": combine} if combine else {}),
+                **({"decode": decode} if decode else {}),
             }
         )
     if unlaunched:
@@ -257,6 +261,15 @@ def predict_gqa(
     return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_route.tile_loops(kernel).items()}}
 
 
+def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
+    """The decode kernel (sm70-decode, taken while FA2PATCH_SM70_DECODE=1) where it takes ``shape``."""
+    kernel = decode_route.kernel_for(shape, kernels)
+    if kernel is None:
+        return None
+    launches, plan = decode_route.launches(shape, kernel, card.sms)
+    return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
+
+
 # A batch of a prefill chunk and decode rows as fa2patch's V100 backend for vLLM runs it (README
 # "Under load"): the chunk alone on the long-prefill route, the decode rows together on the exact route.
 PER_REQUEST = "v100-backend"
@@ -304,7 +317,7 @@ def prediction(
     return {
         "label": shape.label,
         "route": route,
-        "kernel": kernel["geometry"]["kernel"],
+        "kernel": (kernel.get("geometry") or {}).get("kernel", kernel["kernel"]),
         "plan": plan,
         "card": {"sms": card.sms, "clock_mhz": card.clock_mhz, "dram_gbs": card.dram_gbs},
         "useful_flops": flops,
@@ -334,11 +347,14 @@ def predict_routes(
     separate (``vs_dense_verdict``: "faster", "slower" or "not separated"); and for each of
     ``splits`` the exact route with split-KV, with ``vs_dense`` (against the unsplit exact route)
     and, where the long-prefill op takes the shape, ``vs_gqa``. ``gqa_plans``: the op's plans
-    (``read_gqa_plans``), needed where the build has the long-prefill kernel and its op may take
+    (``gqa_route.read_plans``), needed where the build has the long-prefill kernel and its op may take
     the shape."""
     dense = predict(shape, rows, card, v100, calibration, artifact)
     gqa = predict_gqa(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     out = [dense] + ([{**gqa, **versus(gqa, dense, "vs_dense")}] if gqa else [])
+    decode = predict_decode(shape, rows, card, v100, calibration)
+    if decode is not None:
+        out.append({**decode, **versus(decode, dense, "vs_dense")})
     split_batch = predict_per_request(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     if split_batch is not None:
         out.append({**split_batch, **versus(split_batch, dense, "vs_dense")})
@@ -374,20 +390,6 @@ def route_launches(
     raise EnvironmentProblem(f"{artifact}: no model of route {route!r} for {shape.label}")
 
 
-def read_gqa_plans(artifact: Path, shapes: list[Shape], plans: dict | None = None) -> tuple[dict, dict]:
-    """build_info() and the long-prefill op's plans for the ``shapes`` it may take
-    (gqa_route.may_take) that ``plans`` lacks, read in one subprocess (extension.read_extension):
-    (build_info or {error}, plans by gqa_route.sizes including ``plans``)."""
-    plans = dict(plans or {})
-    chunks = [replace(s, decode=0, decode_kv=0) for s in shapes if s.decode]  # predict_per_request's
-    wanted = list(dict.fromkeys(gqa_route.sizes(s) for s in [*shapes, *chunks] if gqa_route.may_take(s)))
-    wanted = [s for s in wanted if s not in plans]
-    got = read_extension(artifact, wanted)
-    if "error" in got:
-        return got, plans
-    return got["build_info"], {**plans, **dict(zip(wanted, got["gqa_plans"], strict=True))}
-
-
 def report(
     artifact: Path,
     arch: str,
@@ -404,7 +406,7 @@ def report(
     load unless it does, and must declare the route's geometry when ``shapes`` are given."""
     from fa2patch.model import user_anchors
 
-    info, plans = read_gqa_plans(artifact, shapes)
+    info, plans = gqa_route.read_plans(artifact, shapes)
     if "error" in info and (shapes or anchors or not launch):
         raise EnvironmentProblem(f"{artifact}: cannot load it for build_info(): {info['error']}")
     declared = {k.get("route") for k in info.get("kernels", [])}
@@ -418,7 +420,7 @@ def report(
         v100 = load_v100()
         calibration = calibrate(v100)
         if anchors:
-            plans = read_gqa_plans(artifact, user_anchors.shapes_of(anchors), plans)[1]
+            plans = gqa_route.read_plans(artifact, user_anchors.shapes_of(anchors), plans)[1]
             user, skipped = user_anchors.load(anchors, lambda s, r, c: route_launches(s, rows, r, c, artifact, plans))
             before, calibration = calibration, calibrate(v100, None, user) if user else calibration
             out["anchor_fit"] = user_anchors.movement(before, calibration, anchors, skipped)

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""The decode kernel's launches (sm70-decode, patch 0002; taken while FA2PATCH_SM70_DECODE=1), as the
+extension runs a call of one query row per sequence (docs/report-model.md, "The decode kernel").
+
+- **Its SASS** (``record``): no tensor cores, so no HMMA hot loop; its key loop is the loop holding
+  the maxima's butterfly (SHFL.BFLY) and two inner loops, the scores' chunks of a K row and P V's
+  groups of V loads, run ``trips`` times per iteration (the kernel's constants, mirrored below; a
+  loop of one trip leaves no loop in the SASS): the iteration is timed with the inner loops'
+  instructions repeated that often. Of the
+  two such loops (with and without softcap/ALiBi) the shorter, the common case, is charged.
+- **Its launch** (``launches``): one CTA per (sequence, KV head, split), the split filling the kernel's
+  CTA slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 16 keys and
+  128), each split ceil(keys / splits) rounded up to 16 keys, kWarps x kKeysPerWarp keys per iteration;
+  every K/V byte read once, streamed from DRAM (memory.py), no fused per-CTA term (the decode anchors
+  reject it for kernels built like this one); then the exact route's combine, charged its bytes.
+"""
+
+import re
+
+from fa2patch.common.shapes import Shape
+from fa2patch.compile import sass
+from fa2patch.model.exact_route import COMBINE_KERNEL, MAX_SPLITS
+from fa2patch.model.loop_mix import LoopMix
+from fa2patch.model.sass_mix import loop_row, outside_row
+from fa2patch.model.v100model import KernelLaunch
+
+KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
+# decode_sm70.h / decode_sm70.cu (a CPU test reads them from the series): threads per CTA, keys per
+# warp iteration, 16-byte K loads in flight per lane (the scores' inner loop), V loads in flight per
+# lane (P V's inner loop), the split's granularity in keys.
+THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
+
+
+def instantiation(name: str) -> tuple[int, int] | None:
+    """(head dim, rows) of a decode kernel's demangled name, else None."""
+    m = KERNEL.search(name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def trips(head_dim: int) -> tuple[int, int]:
+    """The inner loops' trips per key-loop iteration: K chunks (head_dim / 8 per row) in groups of
+    K_IN_FLIGHT; V loads (32 / (head_dim / 8) keys each) in groups of V_IN_FLIGHT."""
+    chunks = head_dim // 8
+    return chunks // K_IN_FLIGHT, KEYS_PER_WARP // ((32 // chunks) * V_IN_FLIGHT)
+
+
+def record(function: sass.SassFunction, head_dim: int, v100: dict, warps: int, cta_warps: int) -> dict | None:
+    """The key loop's row (sass_mix.loop_row of the iteration with its inner loops repeated) and the
+    code outside every loop, timed once; None where the SASS has no such loop."""
+    loops = function.loops()
+    repeats = [n for n in trips(head_dim) if n > 1]  # a loop of one trip is not one in the SASS
+
+    def inner(a, b):
+        return a is not b and b.start <= a.start and a.end <= b.end and len(a.instrs) > 8
+
+    def nested(lp):
+        return sorted((x for x in loops if inner(x, lp)), key=lambda x: x.start)
+
+    keyed = [
+        lp for lp in loops if any(op.startswith("SHFL.BFLY") for op in lp.opcodes) and len(nested(lp)) == len(repeats)
+    ]
+    if not keyed:
+        return None
+    outer = min(keyed, key=lambda lp: len(lp.instrs))
+    expanded, done = [], -1
+    for lp, n in zip(nested(outer), repeats, strict=True):
+        expanded += [i for i in outer.instrs if done < i.addr < lp.start] + lp.instrs * n
+        done = lp.end
+    expanded += [i for i in outer.instrs if i.addr > done]
+    row = loop_row(sass.Loop(outer.start, outer.end, expanded), v100, warps, cta_warps)
+    looped = {i.addr for lp in loops for i in lp.instrs}
+    return {"loop": row, "outside": outside_row([i for i in function.instrs if i.addr not in looped], cta_warps, v100)}
+
+
+def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
+    """The report row of the decode kernel that takes ``shape`` (one query row per sequence, no
+    decode rows beside it, head dim instantiated exactly, the smallest instantiation holding the
+    group), or None: the exact route runs it."""
+    if shape.q != 1 or shape.decode or shape.hkv < 1 or shape.hq % shape.hkv:
+        return None
+    group = shape.hq // shape.hkv
+    fits = [
+        (inst[1], r)
+        for r in rows
+        if "decode" in r and (inst := instantiation(r["kernel"])) and inst[0] == shape.d and inst[1] >= group
+    ]
+    return min(fits, key=lambda x: x[0])[1] if fits else None
+
+
+def splits(shape: Shape, slots: int) -> int:
+    """routing::decode_splits for the decode kernel: b x hkv CTAs."""
+    ctas = shape.b * shape.hkv
+    return max(1, min(slots // ctas, -(-shape.kv // SPLIT_KEYS), MAX_SPLITS))
+
+
+def launches(shape: Shape, kernel: dict, sms: int) -> tuple[list[KernelLaunch], dict]:
+    """The decode kernel's launch for ``shape`` on ``sms`` SMs and, when split, the combine's."""
+    d = kernel["decode"]
+    n = splits(shape, sms * kernel["occupancy"]["blocks_per_sm"])
+    share = -(-shape.kv // n)
+    per = -(-share // SPLIT_KEYS) * SPLIT_KEYS
+    warps = THREADS // 32
+    its = [
+        -(-max(0, min(shape.kv, (s + 1) * per) - s * per) // (warps * KEYS_PER_WARP))
+        for s in range(n)
+        for _ in range(shape.b * shape.hkv)
+    ]
+    q_bytes = shape.b * shape.hq * shape.d * 2
+    kv_bytes = 2 * shape.b * shape.kv * shape.hkv * shape.d * 2
+    partials = n * shape.b * shape.hq * (shape.d * 4 + 4) if n > 1 else 0
+    out = [
+        KernelLaunch(
+            kernel["kernel"],
+            LoopMix(**d["loop"]["model_mix"]),
+            tuple(its),
+            warps,
+            kernel["occupancy"]["blocks_per_sm"],
+            LoopMix(**d["outside"]["model_mix"]),
+            0,
+            hbm_bytes=2 * q_bytes + shape.b * shape.hq * 4 + kv_bytes + partials,
+            streams=True,
+        )
+    ]
+    if n > 1:
+        bytes_ = partials + q_bytes
+        out.append(KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=bytes_))
+    return out, {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv}
