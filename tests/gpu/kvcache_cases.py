@@ -47,6 +47,7 @@ from sm70_cases import (
     run_mode,
     run_op_only,
     run_script,
+    switch_decode_kernel,
     track_worst,
     verdict,
     with_defaults,
@@ -82,6 +83,7 @@ DEFAULTS = {
     "bad_cache_batch_idx": None,
     "bad_leftpad": None,
     "bad_block_table": None,
+    "decode_kernel": False,
 }
 SPARE_BLOCKS = 3
 
@@ -338,6 +340,7 @@ def run_error(op, spec, x) -> dict:
 
 def run(ops, raw: dict) -> dict:
     spec = _spec(raw)
+    switch_decode_kernel(spec)
     op = ops.fwd_kvcache
     x = build_inputs(spec)
     return run_mode(

@@ -414,6 +414,7 @@ def main(argv) -> int:
     raw = json.loads(argv[2])
     scenario = raw["scenario"]
     spec = sm70_cases._spec(raw["spec"])
+    sm70_cases.switch_decode_kernel(spec)
     torch.ops.load_library(argv[1])
     ops = torch.ops._vllm_fa2_C
     folder = tempfile.TemporaryDirectory()

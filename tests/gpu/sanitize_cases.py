@@ -105,6 +105,41 @@ FAMILIES = [
     # out-of-bounds access), and long-prefill calls from two threads on two streams (racecheck).
     ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": CORRUPT}),
     ("routing_streams", ROUTING, {"scenario": "streams", "spec": {**ROUTING_BASE, "hq": 1}, "calls": 1}),
+    # The decode kernel (FA2PATCH_SM70_DECODE=1 through the harness): swapped and split, unswapped with
+    # a window and ALiBi, a vLLM cache view; and the corrupted replayed graph through it.
+    (
+        "sm70_decode",
+        VARLEN,
+        {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 6, "hkv": 1, "d": 256, "page_size": 16, "decode_kernel": True},
+    ),
+    (
+        "sm70_decode",
+        VARLEN,
+        {
+            "seqlens": [[1, 77], [1, 5]],
+            "hq": 8,
+            "hkv": 2,
+            "d": 64,
+            "page_size": 32,
+            "window": [16, 0],
+            "alibi": True,
+            "decode_kernel": True,
+        },
+    ),
+    (
+        "sm70_decode",
+        VARLEN,
+        {
+            "seqlens": [[1, 40], [1, 9]],
+            "hq": 4,
+            "hkv": 1,
+            "d": 128,
+            "page_size": 16,
+            "vllm_cache": True,
+            "decode_kernel": True,
+        },
+    ),
+    ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": {**CORRUPT, "decode_kernel": True}}),
     # A split-KV prefill call captured in a CUDA graph and replayed.
     (
         "routing_split_graph",

@@ -64,6 +64,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from fa2patch.common import numerics
+from fa2patch.common.routes import DECODE_ENV
 
 DEFAULTS = {
     "seqlens": None,
@@ -96,6 +97,7 @@ DEFAULTS = {
     "misaligned": None,
     "vllm_cache": False,
     "prefill_splits": 1,
+    "decode_kernel": False,
 }
 GUARD_ROWS = 3  # NaN rows on each side of `out`, inside the same allocation
 CONTIG_POISON_ROWS = 64
@@ -117,6 +119,12 @@ def _spec(raw: dict) -> dict:
     spec = with_defaults(raw, DEFAULTS, "seqlens")
     spec["seqlens"] = [(int(a), int(b)) for a, b in spec["seqlens"]]
     return spec
+
+
+def switch_decode_kernel(spec: dict) -> None:
+    """The decode kernel on (spec ``decode_kernel``) or off for this process's calls: the extension
+    reads FA2PATCH_SM70_DECODE on every call."""
+    os.environ[DECODE_ENV] = "1" if spec["decode_kernel"] else "0"
 
 
 def _first_line(exc) -> str:
@@ -532,6 +540,7 @@ def main(argv) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     spec = _spec(raw)
+    switch_decode_kernel(spec)
     if artifact == "reference-op":  # harness self-test: an exact op written from the reference
         op, device = _reference_op, ("cuda" if torch.cuda.is_available() else "cpu")
         if device == "cpu":

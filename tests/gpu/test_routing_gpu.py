@@ -134,8 +134,9 @@ def test_routing_tensor_parallel_ranks_route_alike(gpu_build):
 CORRUPT = {"seqlens": [[1, 40], [1, 300], [1, 17]], "hq": 8, "hkv": 2, "d": 128, "causal": True, "page_size": 16}
 
 
-def test_routing_corrupted_graph_inputs_set_the_error_flag(gpu_build):
-    r = run(gpu_build, "corrupt_graph", CORRUPT)
+@pytest.mark.parametrize("decode_kernel", [False, True], ids=["exact", "decode-kernel"])
+def test_routing_corrupted_graph_inputs_set_the_error_flag(gpu_build, decode_kernel):
+    r = run(gpu_build, "corrupt_graph", {**CORRUPT, "decode_kernel": decode_kernel})
     assert r["replayed_finite"], r
     assert r["raised"] == "IndexError" and "previous call" in r["message"], r
     assert r["device_ok"] and r["next_call_clean"], r  # reported once, then cleared

@@ -49,7 +49,6 @@ class Case:
     expect: dict = field(default_factory=dict)  # bad-input cases: what the error must look like
     script: Path = SCRIPT
     sanitize: bool = False  # also run under compute-sanitizer (ci/gpu-sanitize.sh, sanitize_cases.py)
-    env: dict = field(default_factory=dict)  # more environment for its subprocess
 
     @property
     def id(self) -> str:
@@ -250,17 +249,16 @@ case(
     "decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True, window=[32, 0]
 )
 
-# The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run): every call of
-# one query row per sequence whose group (rows per KV head) is at most 8 at head dim 64/128/256 takes
-# it (route_stats counts it); larger groups and other head dims keep the exact route. Each case runs
-# twice: bitwise the same.
-DECODE_KERNEL = {routes.DECODE_ENV: "1"}
+# The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run; the harness
+# sets it for ``decode_kernel``): every call of one query row per sequence whose group (rows per KV
+# head) is at most 8 at head dim 64/128/256 takes it (route_stats counts it); larger groups and other
+# head dims keep the exact route. Each case runs twice: bitwise the same.
 LENGTHS = [(1, n) for n in (1, 2, 15, 16, 17, 31, 32, 33, 127, 128, 129, 300, 513, 4097)]
 
 
 def decode_case(name, route=routes.DECODE, slow=False, **spec):
-    spec = {"seed": 2000 + len(NUMERICS), "repeats": 2, "causal": True, **spec}
-    NUMERICS.append(Case("sm70-decode", name, spec, slow, expect={"route": route}, env=DECODE_KERNEL))
+    spec = {"seed": 2000 + len(NUMERICS), "repeats": 2, "causal": True, "decode_kernel": True, **spec}
+    NUMERICS.append(Case("sm70-decode", name, spec, slow, expect={"route": route}))
 
 
 for page in (16, 32, 784):
@@ -682,6 +680,30 @@ kv_case(
     repeats=10,
 )
 
+
+# fwd_kvcache with the decode kernel switched on: calls of one query row that FA2 does not swap (equal
+# head counts, a window, ALiBi; FA2's fwd_kvcache does not mark its swap in params, so swapped calls
+# keep the exact kernel); appended k/v and rotary run before it, as before the exact kernel.
+def kv_decode_case(name, **spec):
+    spec = {"seed": 3000 + len(NUMERICS), "decode_kernel": True, "repeats": 2, "hq": 4, "hkv": 4, **spec}
+    NUMERICS.append(Case("kvcache-decode-kernel", name, spec, script=KVCACHE_SCRIPT))
+
+
+kv_decode_case("contig-mha-d128", cache=KV_DECODE)
+kv_decode_case("paged-p16-mha-d256", cache=KV_DECODE, hq=2, hkv=2, d=256, page_size=16)
+kv_decode_case("paged-p32-mha-d64-s3", cache=KV_DECODE, d=64, page_size=32, num_splits=3)
+kv_decode_case(
+    "append1-rotary-paged-p16-s3", cache=[0, 15, 40, 299], seqlen_new=1, rotary_dim=128, page_size=16, num_splits=3
+)
+kv_decode_case("cache-batch-idx-append", cache=[5, 70, 200], seqlen_new=1, cache_batch_idx=True, rotary_dim=64)
+kv_decode_case("leftpad", cache=[20, 40, 64, 9], leftpad=[0, 3, 10, 9], d=128)
+kv_decode_case(
+    "window-32-0-gqa-append-rotary", cache=[10, 100, 300], seqlen_new=1, window=[32, 0], rotary_dim=64, hq=8, hkv=2
+)
+kv_decode_case(
+    "alibi-softcap-gqa-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6, hkv=1
+)
+
 # The endpoints of the reference long-prefill workload (docs/DESIGN.md §4, the target of patch
 # 0003), through the routes this build has: Q=8000 new tokens.
 for kv in (40000, 128000):
@@ -897,7 +919,7 @@ class CaseRunner:
                 [sys.executable, str(c.script), str(self.artifact), json.dumps(c.spec)],
                 capture_output=True,
                 text=True,
-                env={**self.env, **c.env},
+                env=self.env,
                 timeout=c.timeout,
             )
         except subprocess.TimeoutExpired:
