@@ -26,23 +26,23 @@ def test_names_and_inner_loop_trips():
 
 def test_split_fills_one_wave_of_slots():
     one = Shape(1, 131072, 6, 1, 256, True, 0.0625)
-    assert decode_route.splits(one, 144) == 128  # 144 slots, at most 128 splits
-    assert decode_route.splits(one, 100) == 100
-    assert decode_route.splits(Shape(1, 40, 6, 1, 256, True, 0.0625), 144) == 3  # one split per 16 keys
-    assert decode_route.splits(Shape(1, 4096, 32, 8, 128, True, 0.09, b=64), 216) == 1  # 512 CTAs
+    assert decode_route.splits(one, 144, 128) == 128  # 144 slots, at most 128 splits
+    assert decode_route.splits(one, 100, 128) == 100
+    assert decode_route.splits(Shape(1, 40, 6, 1, 256, True, 0.0625), 144, 128) == 3  # one split per 16 keys
+    assert decode_route.splits(Shape(1, 4096, 32, 8, 128, True, 0.09, b=64), 216, 128) == 1  # 512 CTAs
 
 
 def test_launch_covers_every_key_once():
     shape = Shape(1, 1000, 6, 1, 256, True, 0.0625, b=2)
-    (fwd, comb), plan = decode_route.launches(shape, kernel(2), 10)
-    assert plan == {"splits": 10, "keys_per_split": 112, "rows": 6}  # ceil(1000 / 10) = 100 -> 112
-    # splits of 112 keys: 8 full, the 9th 104 keys, the 10th none; 128 keys per CTA iteration
-    assert fwd.iterations == (1,) * 16 + (1,) * 2 + (0,) * 2
-    assert fwd.streams and not fwd.fused and fwd.warps_per_cta == 4 and fwd.ctas_per_sm == 2
+    fwd, plan = decode_route.launch(shape, kernel(2), 10, 128)
     kv = 2 * 2 * 1000 * 256 * 2
     partials = 10 * 2 * 6 * (256 * 4 + 4)
     q = 2 * 6 * 256 * 2
+    # ceil(1000 / 10) = 100 keys -> 112; the combine reads the partials and writes O
+    assert plan == {"splits": 10, "keys_per_split": 112, "rows": 6, "combine_bytes": partials + q}
+    # splits of 112 keys: 8 full, the 9th 104 keys, the 10th none; 128 keys per CTA iteration
+    assert fwd.iterations == (1,) * 16 + (1,) * 2 + (0,) * 2
+    assert fwd.streams and not fwd.fused and fwd.warps_per_cta == 4 and fwd.ctas_per_sm == 2
     assert fwd.hbm_bytes == 2 * q + 2 * 6 * 4 + kv + partials
-    assert comb.name == "splitkv_combine_sm70_kernel" and comb.hbm_bytes == partials + q
-    (alone,), plan = decode_route.launches(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 10)
-    assert plan["splits"] == 1 and alone.iterations == (8,) * 64
+    alone, plan = decode_route.launch(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 10, 128)
+    assert plan["splits"] == 1 and plan["combine_bytes"] == 0 and alone.iterations == (8,) * 64

@@ -2,26 +2,25 @@
 """The decode kernel's launches (sm70-decode, patch 0002; taken while FA2PATCH_SM70_DECODE=1), as the
 extension runs a call of one query row per sequence (docs/report-model.md, "The decode kernel").
 
-- **Its SASS** (``record``): no tensor cores, so no HMMA hot loop; its key loop is the loop holding
-  the maxima's butterfly (SHFL.BFLY) and two inner loops, the scores' chunks of a K row and P V's
-  groups of V loads, run ``trips`` times per iteration (the kernel's constants, mirrored below; a
-  loop of one trip leaves no loop in the SASS): the iteration is timed with the inner loops'
-  instructions repeated that often. Of the
-  two such loops (with and without softcap/ALiBi) the shorter, the common case, is charged.
-- **Its launch** (``launches``): one CTA per (sequence, KV head, split), the split filling the kernel's
+- **Its SASS** (``key_loop``, ``outside``; report.kernel_rows times them): no tensor cores, so no
+  HMMA hot loop; its key loop is the loop holding the maxima's butterfly (SHFL.BFLY) and two inner
+  loops, the scores' chunks of a K row and P V's groups of V loads, run ``trips`` times per
+  iteration (the kernel's constants, mirrored below; a loop of one trip leaves no loop in the
+  SASS): the iteration is timed with the inner loops' instructions repeated that often. Of the two
+  such loops (with and without softcap/ALiBi) the shorter, the common case, is charged.
+- **Its launch** (``launch``): one CTA per (sequence, KV head, split), the split filling the kernel's
   CTA slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 16 keys and
   128), each split ceil(keys / splits) rounded up to 16 keys, kWarps x kKeysPerWarp keys per iteration;
   every K/V byte read once, streamed from DRAM (memory.py), no fused per-CTA term (the decode anchors
-  reject it for kernels built like this one); then the exact route's combine, charged its bytes.
+  reject it for kernels built like this one); then the exact route's combine, charged its bytes
+  (report.predict_decode).
 """
 
 import re
 
 from fa2patch.common.shapes import Shape
 from fa2patch.compile import sass
-from fa2patch.model.exact_route import COMBINE_KERNEL, MAX_SPLITS
 from fa2patch.model.loop_mix import LoopMix
-from fa2patch.model.sass_mix import loop_row, outside_row
 from fa2patch.model.v100model import KernelLaunch
 
 KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
@@ -44,9 +43,9 @@ def trips(head_dim: int) -> tuple[int, int]:
     return chunks // K_IN_FLIGHT, KEYS_PER_WARP // ((32 // chunks) * V_IN_FLIGHT)
 
 
-def record(function: sass.SassFunction, head_dim: int, v100: dict, warps: int, cta_warps: int) -> dict | None:
-    """The key loop's row (sass_mix.loop_row of the iteration with its inner loops repeated) and the
-    code outside every loop, timed once; None where the SASS has no such loop."""
+def key_loop(function: sass.SassFunction, head_dim: int) -> sass.Loop | None:
+    """The key loop's iteration, its inner loops' instructions repeated as often as they run (for
+    sass_mix.loop_row), or None where the SASS has no such loop."""
     loops = function.loops()
     repeats = [n for n in trips(head_dim) if n > 1]  # a loop of one trip is not one in the SASS
 
@@ -67,9 +66,13 @@ def record(function: sass.SassFunction, head_dim: int, v100: dict, warps: int, c
         expanded += [i for i in outer.instrs if done < i.addr < lp.start] + lp.instrs * n
         done = lp.end
     expanded += [i for i in outer.instrs if i.addr > done]
-    row = loop_row(sass.Loop(outer.start, outer.end, expanded), v100, warps, cta_warps)
-    looped = {i.addr for lp in loops for i in lp.instrs}
-    return {"loop": row, "outside": outside_row([i for i in function.instrs if i.addr not in looped], cta_warps, v100)}
+    return sass.Loop(outer.start, outer.end, expanded)
+
+
+def outside(function: sass.SassFunction) -> list[sass.Instr]:
+    """The code outside every loop: run once per CTA."""
+    looped = {i.addr for lp in function.loops() for i in lp.instrs}
+    return [i for i in function.instrs if i.addr not in looped]
 
 
 def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
@@ -87,16 +90,18 @@ def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
     return min(fits, key=lambda x: x[0])[1] if fits else None
 
 
-def splits(shape: Shape, slots: int) -> int:
-    """routing::decode_splits for the decode kernel: b x hkv CTAs."""
+def splits(shape: Shape, slots: int, max_splits: int) -> int:
+    """routing::decode_splits for the decode kernel: b x hkv CTAs, at most ``max_splits`` (the
+    combine's limit)."""
     ctas = shape.b * shape.hkv
-    return max(1, min(slots // ctas, -(-shape.kv // SPLIT_KEYS), MAX_SPLITS))
+    return max(1, min(slots // ctas, -(-shape.kv // SPLIT_KEYS), max_splits))
 
 
-def launches(shape: Shape, kernel: dict, sms: int) -> tuple[list[KernelLaunch], dict]:
-    """The decode kernel's launch for ``shape`` on ``sms`` SMs and, when split, the combine's."""
+def launch(shape: Shape, kernel: dict, sms: int, max_splits: int) -> tuple[KernelLaunch, dict]:
+    """The decode kernel's launch for ``shape`` on ``sms`` SMs, and its plan: the splits and, where
+    split, the bytes the combine moves (the partials read, O written)."""
     d = kernel["decode"]
-    n = splits(shape, sms * kernel["occupancy"]["blocks_per_sm"])
+    n = splits(shape, sms * kernel["occupancy"]["blocks_per_sm"], max_splits)
     share = -(-shape.kv // n)
     per = -(-share // SPLIT_KEYS) * SPLIT_KEYS
     warps = THREADS // 32
@@ -108,20 +113,16 @@ def launches(shape: Shape, kernel: dict, sms: int) -> tuple[list[KernelLaunch], 
     q_bytes = shape.b * shape.hq * shape.d * 2
     kv_bytes = 2 * shape.b * shape.kv * shape.hkv * shape.d * 2
     partials = n * shape.b * shape.hq * (shape.d * 4 + 4) if n > 1 else 0
-    out = [
-        KernelLaunch(
-            kernel["kernel"],
-            LoopMix(**d["loop"]["model_mix"]),
-            tuple(its),
-            warps,
-            kernel["occupancy"]["blocks_per_sm"],
-            LoopMix(**d["outside"]["model_mix"]),
-            0,
-            hbm_bytes=2 * q_bytes + shape.b * shape.hq * 4 + kv_bytes + partials,
-            streams=True,
-        )
-    ]
-    if n > 1:
-        bytes_ = partials + q_bytes
-        out.append(KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=bytes_))
-    return out, {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv}
+    forward = KernelLaunch(
+        kernel["kernel"],
+        LoopMix(**d["loop"]["model_mix"]),
+        tuple(its),
+        warps,
+        kernel["occupancy"]["blocks_per_sm"],
+        LoopMix(**d["outside"]["model_mix"]),
+        0,
+        hbm_bytes=2 * q_bytes + shape.b * shape.hq * 4 + kv_bytes + partials,
+        streams=True,
+    )
+    plan = {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv}
+    return forward, {**plan, "combine_bytes": partials + q_bytes if n > 1 else 0}

@@ -154,9 +154,7 @@ def dense_launches(shape: Shape, kernel: dict, card: Card) -> tuple[list[KernelL
     # decode: each K/V byte is read by one CTA, once: streamed from DRAM
     launches = [forward_launch(kernel, its, io["q"] + io["o"] + io["lse"] + io["kv"] + partials, streams=True)]
     if plan["splits"] > 1:
-        launches.append(
-            KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=partials + io["q"])
-        )
+        launches.append(combine_bytes(partials + io["q"]))
     return launches, plan
 
 
@@ -176,6 +174,11 @@ def splitkv_launches(shape: Shape, kernel: dict, combine: dict, splits: int) -> 
         "partial_bytes": partials,
         "combine_ctas": len(comb.iterations),
     }
+
+
+def combine_bytes(hbm: float) -> KernelLaunch:
+    """The decode split's combine charged only its HBM bytes (the partials read, O written)."""
+    return KernelLaunch(COMBINE_KERNEL, LoopMix(), (), 4, 1, prologue_load_rounds=0, hbm_bytes=hbm)
 
 
 def combine_launch(combine: dict, rows: int, d: int, hbm: float) -> KernelLaunch:

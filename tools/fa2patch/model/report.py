@@ -41,7 +41,7 @@ from fa2patch.compile import sass, toolchain
 from fa2patch.compile.extension import launches_of
 from fa2patch.model import decode_route, gqa_route
 from fa2patch.model.calibration import calibrate
-from fa2patch.model.exact_route import COMBINE_KERNEL, dense_launches, splitkv_launches
+from fa2patch.model.exact_route import COMBINE_KERNEL, MAX_SPLITS, combine_bytes, dense_launches, splitkv_launches
 from fa2patch.model.ranges import held_out_parameters, versus, versus_one_kernel, with_range
 from fa2patch.model.sass_mix import combine_row, loop_row, outside_row, tile_code
 from fa2patch.model.v100model import (
@@ -138,8 +138,12 @@ def kernel_rows(
         combine = decode = None
         if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):  # split-KV's combine
             combine = combine_row(f, threads, occ["blocks_per_sm"], w, cta_w, v100)
-        if occ and (inst := decode_route.instantiation(name)):  # the decode kernel: no HMMA loop
-            decode = decode_route.record(f, inst[0], v100, w, cta_w)
+        inst = decode_route.instantiation(name)
+        if occ and inst and (keys := decode_route.key_loop(f, inst[0])):  # the decode kernel: no HMMA
+            decode = {
+                "loop": loop_row(keys, v100, w, cta_w),
+                "outside": outside_row(decode_route.outside(f), cta_w, v100),
+            }
         out.append(
             {
                 "kernel": name,
@@ -266,7 +270,8 @@ def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, ca
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
-    launches, plan = decode_route.launches(shape, kernel, card.sms)
+    forward, plan = decode_route.launch(shape, kernel, card.sms, MAX_SPLITS)
+    launches = [forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]
     return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
 
 
