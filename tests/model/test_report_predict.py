@@ -249,9 +249,9 @@ def test_bad_report_options_are_usage_errors_naming_them(args, message):
 
 def test_report_raises_when_build_info_does_not_load(monkeypatch):
     """Like bench (and verify, which fails a row), report does not drop occupancy silently."""
-    from fa2patch.model import report as report_module
+    from fa2patch.model import gqa_route, report as report_module
 
-    monkeypatch.setattr(report_module, "read_extension", lambda artifact, sizes=(): {"error": "undefined symbol: x"})
+    monkeypatch.setattr(gqa_route, "read_extension", lambda artifact, sizes=(): {"error": "undefined symbol: x"})
     with pytest.raises(
         EnvironmentProblem,
         match=r"/nowhere/_vllm_fa2_C.abi3.so: cannot load it for "

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from fa2patch.common.errors import EnvironmentProblem
-from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.common.routes import DECODE, EXACT, GQA, SPLITKV
 from fa2patch.compile import sass, toolchain
 from fa2patch.model.report import kernel_rows
 from fa2patch.model.v100model import load_v100, occupancy
@@ -185,19 +185,23 @@ def test_report_command_on_the_real_build(built_sm70, real_project):
     assert all({"source", "loo_residual", "residual", "measured"} <= set(a) for a in out["calibration"]["anchors"])
     assert all(isinstance(a["source"], dict) and a["source"]["quote"] for a in out["calibration"]["anchors"])
     # Both routes for the causal D=256 shapes (the long-prefill one with its A/B) and split-KV x2..4
-    # (the default --splits) on the prefill shapes; dense alone for decode.
+    # (the default --splits) on the prefill shapes; for decode the exact route and the decode kernel,
+    # its split filling its CTA slots in one wave (B=8 x 8 KV heads = 64 CTAs).
     splits = [(label, SPLITKV, s) for label in ("Q=8192 KV=8192", "Q=1024 KV=16384") for s in (2, 3, 4)]
+    (decoder,) = [k for k in out["kernels"] if "decode_sm70_kernel<128, 4>" in k["kernel"]]
+    decode_splits = min(72 * decoder["occupancy"]["blocks_per_sm"] // 64, 4096 // 16, 128)
     assert [(p["label"].split(" Hq")[0], p["route"], p["plan"].get("splits", 1)) for p in out["predictions"]] == [
         ("Q=8192 KV=8192", EXACT, 1),
         ("Q=8192 KV=8192", GQA, 1),
         *splits[:3],
         ("B=8 Q=1 KV=4096", EXACT, out["predictions"][5]["plan"]["splits"]),
+        ("B=8 Q=1 KV=4096", DECODE, decode_splits),
         ("Q=1024 KV=16384", EXACT, 1),
         ("Q=1024 KV=16384", GQA, 1),
         *splits[3:],
     ]
-    prefill, gqa, decode = out["predictions"][0], out["predictions"][1], out["predictions"][5]
-    for p in (prefill, gqa, decode):
+    prefill, gqa, decode, kernel = (out["predictions"][i] for i in (0, 1, 5, 6))
+    for p in (prefill, gqa, decode, kernel):
         lo, hi = out["calibration"]["route_ranges"][p["route"]]  # its kernel class's range
         assert p["bound_ms"] < p["model_ms"]
         assert p["floor_ms"] < p["calibrated_ms"]
@@ -354,7 +358,6 @@ def test_real_decode_route(built_sm70):
     lane that its keys need (scores: one key per lane; P V: D / 8 lanes per key); a decode shape gets
     its prediction (one CTA per sequence, KV head and split; the split fills the CTA slots in one
     wave, at most 128; every key visited), others do not."""
-    from fa2patch.common.routes import DECODE
     from fa2patch.common.shapes import Shape
     from fa2patch.model import decode_route
     from fa2patch.model.calibration import calibrate
