@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.common.routes import DECODE, EXACT, GQA, SPLITKV
 from fa2patch.model import calibration as c, loop_mix, ranges, sass_mix, v100model as m
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.report import PER_REQUEST
@@ -409,10 +409,11 @@ def test_a_routes_range_is_its_kernel_classs_held_out_residuals_with_every_leave
     )
     by_route = cal["route_ranges"]
     # the names predictions carry
-    assert by_route.keys() == {EXACT, SPLITKV, GQA, PER_REQUEST, ONECAT, ONECAT_DECODE}
+    assert by_route.keys() == {EXACT, SPLITKV, DECODE, GQA, PER_REQUEST, ONECAT, ONECAT_DECODE}
     # the exact route's decode calls stream like the decode kernels: both classes
     assert by_route[EXACT] == expected(split_d, decode) and by_route[SPLITKV] == expected(split_d)
     assert by_route[GQA] == expected(gemms) and by_route[ONECAT_DECODE] == expected(decode)
+    assert by_route[DECODE] == expected(decode)  # the decode kernel streams as the decode anchors' kernels do
     assert by_route[PER_REQUEST] == expected(split_d, gemms, decode) and by_route[ONECAT] == expected(gemms, cublas)
     assert ranges.with_range(10.0, cal, GQA)["calibrated_ms_high"] == pytest.approx(10 * (1 + max(loos)))
     assert ranges.with_range(10.0, cal, "a new kernel")["calibrated_ms_high"] == pytest.approx(
