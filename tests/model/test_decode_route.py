@@ -3,6 +3,7 @@
 
 from fa2patch.common.shapes import Shape
 from fa2patch.model import decode_route
+from fa2patch.model.exact_route import decode_splits
 from fa2patch.model.loop_mix import LoopMix
 
 
@@ -25,16 +26,17 @@ def test_names_and_inner_loop_trips():
 
 
 def test_split_fills_one_wave_of_slots():
-    one = Shape(1, 131072, 6, 1, 256, True, 0.0625)
-    assert decode_route.splits(one, 144, 128) == 128  # 144 slots, at most 128 splits
-    assert decode_route.splits(one, 100, 128) == 100
-    assert decode_route.splits(Shape(1, 40, 6, 1, 256, True, 0.0625), 144, 128) == 3  # one split per 16 keys
-    assert decode_route.splits(Shape(1, 4096, 32, 8, 128, True, 0.09, b=64), 216, 128) == 1  # 512 CTAs
+    """The decode kernel's split is routing's one-wave rule over its CTAs and 16-key blocks."""
+    keys = decode_route.SPLIT_KEYS
+    assert decode_splits(1, 131072, keys, 144) == 128  # 144 slots, at most 128 splits
+    assert decode_splits(1, 131072, keys, 100) == 100
+    assert decode_splits(1, 40, keys, 144) == 3  # one split per 16 keys
+    assert decode_splits(64 * 8, 4096, keys, 216) == 1  # 512 CTAs fill the slots already
 
 
 def test_launch_covers_every_key_once():
     shape = Shape(1, 1000, 6, 1, 256, True, 0.0625, b=2)
-    fwd, plan = decode_route.launch(shape, kernel(2), 10, 128)
+    fwd, plan = decode_route.launch(shape, kernel(2), 10)
     kv = 2 * 2 * 1000 * 256 * 2
     partials = 10 * 2 * 6 * (256 * 4 + 4)
     q = 2 * 6 * 256 * 2
@@ -44,5 +46,5 @@ def test_launch_covers_every_key_once():
     assert fwd.iterations == (1,) * 16 + (1,) * 2 + (0,) * 2
     assert fwd.streams and not fwd.fused and fwd.warps_per_cta == 4 and fwd.ctas_per_sm == 2
     assert fwd.hbm_bytes == 2 * q + 2 * 6 * 4 + kv + partials
-    alone, plan = decode_route.launch(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 10, 128)
+    alone, plan = decode_route.launch(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 1)
     assert plan["splits"] == 1 and plan["combine_bytes"] == 0 and alone.iterations == (8,) * 64

@@ -90,18 +90,11 @@ def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
     return min(fits, key=lambda x: x[0])[1] if fits else None
 
 
-def splits(shape: Shape, slots: int, max_splits: int) -> int:
-    """routing::decode_splits for the decode kernel: b x hkv CTAs, at most ``max_splits`` (the
-    combine's limit)."""
-    ctas = shape.b * shape.hkv
-    return max(1, min(slots // ctas, -(-shape.kv // SPLIT_KEYS), max_splits))
-
-
-def launch(shape: Shape, kernel: dict, sms: int, max_splits: int) -> tuple[KernelLaunch, dict]:
-    """The decode kernel's launch for ``shape`` on ``sms`` SMs, and its plan: the splits and, where
-    split, the bytes the combine moves (the partials read, O written)."""
+def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
+    """The decode kernel's launch for ``shape`` split ``n`` ways (exact_route.decode_splits over its
+    b x hkv CTAs, SPLIT_KEYS keys per block and its own CTA slots: report.predict_decode), and its
+    plan: the splits and, where split, the bytes the combine moves (the partials read, O written)."""
     d = kernel["decode"]
-    n = splits(shape, sms * kernel["occupancy"]["blocks_per_sm"], max_splits)
     share = -(-shape.kv // n)
     per = -(-share // SPLIT_KEYS) * SPLIT_KEYS
     warps = THREADS // 32

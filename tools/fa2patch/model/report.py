@@ -41,7 +41,13 @@ from fa2patch.compile import sass, toolchain
 from fa2patch.compile.extension import launches_of
 from fa2patch.model import decode_route, gqa_route
 from fa2patch.model.calibration import calibrate
-from fa2patch.model.exact_route import COMBINE_KERNEL, MAX_SPLITS, combine_bytes, dense_launches, splitkv_launches
+from fa2patch.model.exact_route import (
+    COMBINE_KERNEL,
+    combine_bytes,
+    decode_splits,
+    dense_launches,
+    splitkv_launches,
+)
 from fa2patch.model.ranges import held_out_parameters, versus, versus_one_kernel, with_range
 from fa2patch.model.sass_mix import combine_row, loop_row, outside_row, tile_code
 from fa2patch.model.v100model import (
@@ -270,7 +276,9 @@ def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, ca
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
-    forward, plan = decode_route.launch(shape, kernel, card.sms, MAX_SPLITS)
+    slots = card.sms * kernel["occupancy"]["blocks_per_sm"]
+    splits = decode_splits(shape.b * shape.hkv, shape.kv, decode_route.SPLIT_KEYS, slots)
+    forward, plan = decode_route.launch(shape, kernel, splits)
     launches = [forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]
     return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
 
