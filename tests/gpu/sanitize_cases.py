@@ -105,12 +105,18 @@ FAMILIES = [
     # out-of-bounds access), and long-prefill calls from two threads on two streams (racecheck).
     ("routing_graph", ROUTING, {"scenario": "corrupt_graph", "spec": CORRUPT}),
     ("routing_streams", ROUTING, {"scenario": "streams", "spec": {**ROUTING_BASE, "hq": 1}, "calls": 1}),
-    # The decode kernel (FA2PATCH_SM70_DECODE=1 through the harness): swapped and split, unswapped with
-    # a window and ALiBi, a vLLM cache view; and the corrupted replayed graph through it.
+    # The decode kernel (FA2PATCH_SM70_DECODE=1 through the harness): swapped and split, two row
+    # blocks (12 rows), unswapped with a window and ALiBi, a vLLM cache view; and the corrupted
+    # replayed graph through it.
     (
         "sm70_decode",
         VARLEN,
         {"seqlens": [[1, 300], [1, 17], [1, 0]], "hq": 6, "hkv": 1, "d": 256, "page_size": 16, "decode_kernel": True},
+    ),
+    (
+        "sm70_decode",
+        VARLEN,
+        {"seqlens": [[1, 300], [1, 0], [1, 33]], "hq": 12, "hkv": 1, "d": 128, "page_size": 16, "decode_kernel": True},
     ),
     (
         "sm70_decode",

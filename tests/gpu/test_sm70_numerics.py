@@ -251,8 +251,9 @@ case(
 
 # The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run; the harness
 # sets it for ``decode_kernel``): every call of one query row per sequence whose group (rows per KV
-# head) is at most 8 at head dim 64/128/256 takes it (route_stats counts it); larger groups and other
-# head dims keep the exact route. Each case runs twice: bitwise the same.
+# head) is at most 16 at head dim 64/128/256 takes it (route_stats counts it; 9-16 rows as two row
+# blocks); larger groups and other head dims keep the exact route. Each case runs twice: bitwise the
+# same.
 LENGTHS = [(1, n) for n in (1, 2, 15, 16, 17, 31, 32, 33, 127, 128, 129, 300, 513, 4097)]
 
 
@@ -265,7 +266,12 @@ for page in (16, 32, 784):
     decode_case(f"6-1-d256-p{page}", seqlens=LENGTHS, hq=6, hkv=1, d=256, page_size=page)
 for hq, hkv, d in ((1, 1, 64), (2, 2, 128), (4, 2, 64), (8, 1, 128), (16, 2, 256), (32, 8, 128), (3, 1, 128)):
     decode_case(f"hq{hq}-hkv{hkv}-d{d}-p16", seqlens=LENGTHS[::2], hq=hq, hkv=hkv, d=d, page_size=16)
-decode_case("hq12-hkv1-d128-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=12, hkv=1, d=128, page_size=16)
+# Row blocks: 9 (5 + 4 rows), 12 (6 + 6) and 16 (8 + 8) rows per KV head; 18 stays on the exact route.
+for hq, hkv, d in ((9, 1, 128), (24, 2, 256), (16, 1, 128), (32, 2, 64)):
+    decode_case(f"rowblocks-hq{hq}-hkv{hkv}-d{d}-p16", seqlens=LENGTHS[::2], hq=hq, hkv=hkv, d=d, page_size=16)
+decode_case("rowblocks-splits4-16-1-d256", seqlens=LENGTHS, hq=16, hkv=1, d=256, page_size=784, num_splits=4)
+decode_case("rowblocks-alibi-12-1-d128", seqlens=LENGTHS[::2], hq=12, hkv=1, d=128, page_size=16, alibi=True)
+decode_case("hq18-hkv1-d128-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=18, hkv=1, d=128, page_size=16)
 decode_case("hq6-hkv1-d96-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=6, hkv=1, d=96, page_size=16)
 decode_case("contig-6-1-d256", seqlens=LENGTHS, hq=6, hkv=1, d=256)
 decode_case("full-6-1-d128", seqlens=LENGTHS[::2], hq=6, hkv=1, d=128, causal=False, page_size=32)

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """The decode kernel's launches on the model (fa2patch.model.decode_route), by hand."""
 
+from dataclasses import replace
+
 from fa2patch.common.shapes import Shape
 from fa2patch.model import decode_route
 from fa2patch.model.exact_route import decode_splits
@@ -41,10 +43,27 @@ def test_launch_covers_every_key_once():
     partials = 10 * 2 * 6 * (256 * 4 + 4)
     q = 2 * 6 * 256 * 2
     # ceil(1000 / 10) = 100 keys -> 112; the combine reads the partials and writes O
-    assert plan == {"splits": 10, "keys_per_split": 112, "rows": 6, "combine_bytes": partials + q}
+    assert plan == {"splits": 10, "keys_per_split": 112, "rows": 6, "row_blocks": 1, "combine_bytes": partials + q}
     # splits of 112 keys: 8 full, the 9th 104 keys, the 10th none; 128 keys per CTA iteration
     assert fwd.iterations == (1,) * 16 + (1,) * 2 + (0,) * 2
     assert fwd.streams and not fwd.fused and fwd.warps_per_cta == 4 and fwd.ctas_per_sm == 2
     assert fwd.hbm_bytes == 2 * q + 2 * 6 * 4 + kv + partials
     alone, plan = decode_route.launch(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 1)
     assert plan["splits"] == 1 and plan["combine_bytes"] == 0 and alone.iterations == (8,) * 64
+
+
+def test_groups_past_one_cta_run_as_row_blocks():
+    """9 to 16 rows per KV head: two CTAs per (sequence, KV head, split), rows split as evenly as
+    whole CTAs allow, each streaming the K/V (no L2 credit); more than 16: no decode kernel."""
+    assert [decode_route.row_blocks(r) for r in (1, 8, 9, 12, 16)] == [(1, 1), (1, 8), (2, 5), (2, 6), (2, 8)]
+    rows = [{"kernel": f"decode_sm70_kernel<128, {r}>", "decode": {}} for r in (1, 2, 4, 6, 8)]
+    twelve = Shape(1, 4096, 24, 2, 128, True, 0.09)
+    assert decode_route.kernel_for(twelve, rows)["kernel"] == "decode_sm70_kernel<128, 6>"
+    assert decode_route.kernel_for(Shape(1, 4096, 34, 2, 128, True, 0.09), rows) is None  # 17 rows
+    # 2 sequences x 2 KV heads x 2 row blocks = 8 CTAs; 72 SMs x 2 slots -> 18 splits
+    assert decode_route.splits(replace(twelve, b=2), 72, kernel(2)) == 18
+    fwd, plan = decode_route.launch(replace(twelve, b=2), kernel(2), 18)
+    assert plan["row_blocks"] == 2 and len(fwd.iterations) == 18 * 8
+    partials = 18 * 2 * 24 * (128 * 4 + 4)
+    q = 2 * 24 * 128 * 2
+    assert fwd.hbm_bytes == 2 * q + 2 * 24 * 4 + 2 * (2 * 2 * 4096 * 2 * 128 * 2) + partials

@@ -356,8 +356,8 @@ def test_real_decode_route(built_sm70):
     """The decode kernel on the shipped SASS (no HMMA): each instantiation's key loop is timed with its
     inner loops repeated, so one iteration (32 keys per warp) holds at least the 2 x rows x D FMAs per
     lane that its keys need (scores: one key per lane; P V: D / 8 lanes per key); a decode shape gets
-    its prediction (one CTA per sequence, KV head and split; the split fills the CTA slots in one
-    wave, at most 128; every key visited), others do not."""
+    its prediction (one CTA per sequence, KV head and split -- two, half the rows each, for 9 to 16
+    rows; the split fills the CTA slots in one wave, at most 128; every key visited), others do not."""
     from fa2patch.common.shapes import Shape
     from fa2patch.model import decode_route
     from fa2patch.model.calibration import calibrate
@@ -369,7 +369,7 @@ def test_real_decode_route(built_sm70):
     rows = real_rows(artifact)
     shape = Shape(1, 131072, 6, 1, 256, True, 0.0625)
     others = [
-        Shape(1, 4096, 12, 1, 128, True, 0.09),  # 12 rows per KV head: no instantiation
+        Shape(1, 4096, 17, 1, 128, True, 0.09),  # 17 rows per KV head: more than two row blocks
         Shape(1, 4096, 6, 1, 96, True, 0.1),  # head dim 96
         Shape(2, 4096, 6, 1, 256, True, 0.0625),  # two query rows
     ]
@@ -393,5 +393,13 @@ def test_real_decode_route(built_sm70):
     apart = p["calibrated_ms_high"] < dense["calibrated_ms_low"] or dense["calibrated_ms_high"] < p["calibrated_ms_low"]
     assert p["vs_dense"] == dense["calibrated_ms"] / p["calibrated_ms"]
     assert (p["vs_dense_verdict"] == "not separated") == (not apart)
+    # 12 rows: two row blocks of 6 (the <128, 6> kernel), each streaming the K/V (no L2 credit)
+    twelve = Shape(1, 4096, 12, 1, 128, True, 0.09)
+    plans12 = read_plans(artifact, [twelve])[1]
+    p12 = {x["route"]: x for x in predict_routes(twelve, rows, card, v100, cal, artifact, (), plans12)}[DECODE]
+    blocks = 72 * decode[(128, 6)]["occupancy"]["blocks_per_sm"] // 2
+    assert p12["kernel"] == decode[(128, 6)]["kernel"] and p12["plan"]["row_blocks"] == 2
+    assert p12["plan"]["splits"] == min(blocks, 4096 // 16, 128)
+    assert p12["launches"][0]["ctas"] == 2 * p12["plan"]["splits"]
     for other in others:
         assert DECODE not in {x["route"] for x in predict_routes(other, rows, card, v100, cal, artifact, (), plans)}

@@ -426,6 +426,9 @@ def test_decode_kernel_constants_are_the_models(real_workspace):
     assert consts["kKeysPerWarp"] == decode_route.KEYS_PER_WARP
     assert consts["kChunksInFlight"] == decode_route.K_IN_FLIGHT
     assert consts["kVInFlight"] == decode_route.V_IN_FLIGHT
+    assert consts["kMaxRows"] == decode_route.MAX_ROWS
+    instantiated = re.search(r"constexpr std::array<int, \d+> kRows = \{([\d, ]+)\};", text)
+    assert instantiated and int(instantiated[1].split(",")[-1]) == decode_route.CTA_ROWS
     split = re.search(r"per_split = ceil_div\(ceil_div\(.+\), (\d+)\) \* (\d+);", text)
     assert split and int(split[1]) == int(split[2]) == decode_route.SPLIT_KEYS
     routing = (real_workspace / "csrc/flash_attn/fa2patch/routing.cpp").read_text()

@@ -8,26 +8,31 @@ extension runs a call of one query row per sequence (docs/report-model.md, "The 
   iteration (the kernel's constants, mirrored below; a loop of one trip leaves no loop in the
   SASS): the iteration is timed with the inner loops' instructions repeated that often. Of the two
   such loops (with and without softcap/ALiBi) the shorter, the common case, is charged.
-- **Its launch** (``launch``): one CTA per (sequence, KV head, split), the split filling the kernel's
-  CTA slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 16 keys and
+- **Its launch** (``launch``): one CTA per (sequence, KV head, split) -- two for groups of 9-16 rows
+  (``row_blocks``: half the rows each, adjacent in the grid) -- the split filling the kernel's CTA
+  slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 16 keys and
   128), each split ceil(keys / splits) rounded up to 16 keys, kWarps x kKeysPerWarp keys per iteration;
-  every K/V byte read once, streamed from DRAM (memory.py), no fused per-CTA term (the decode anchors
-  reject it for kernels built like this one); then the exact route's combine, charged its bytes
-  (report.predict_decode).
+  K/V streamed from DRAM (memory.py) once per row block (the row blocks read the same K/V at about the
+  same time, so L2 may serve the second read: not credited, a conservative choice), no fused per-CTA
+  term (the decode anchors reject it for kernels built like this one); then the exact route's
+  combine, charged its bytes (report.predict_decode).
 """
 
 import re
 
 from fa2patch.common.shapes import Shape
 from fa2patch.compile import sass
+from fa2patch.model.exact_route import decode_splits
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import KernelLaunch
 
 KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 # decode_sm70.h / decode_sm70.cu (a CPU test reads them from the series): threads per CTA, keys per
 # warp iteration, 16-byte K loads in flight per lane (the scores' inner loop), V loads in flight per
-# lane (P V's inner loop), the split's granularity in keys.
+# lane (P V's inner loop), the split's granularity in keys; the most rows one CTA holds (kRows.back())
+# and the most a call may have (kMaxRows: row blocks of CTA_ROWS).
 THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
+CTA_ROWS, MAX_ROWS = 8, 16
 
 
 def instantiation(name: str) -> tuple[int, int] | None:
@@ -75,36 +80,51 @@ def outside(function: sass.SassFunction) -> list[sass.Instr]:
     return [i for i in function.instrs if i.addr not in looped]
 
 
+def row_blocks(rows: int) -> tuple[int, int]:
+    """(CTAs per sequence, KV head and split; rows of each but the last) for ``rows`` rows per KV head
+    (decode_sm70.h row_blocks / block_rows)."""
+    blocks = -(-rows // CTA_ROWS)
+    return blocks, -(-rows // blocks)
+
+
 def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
     """The report row of the decode kernel that takes ``shape`` (one query row per sequence, no
     decode rows beside it, head dim instantiated exactly, the smallest instantiation holding the
-    group), or None: the exact route runs it."""
-    if shape.q != 1 or shape.decode or shape.hkv < 1 or shape.hq % shape.hkv:
+    group's rows or, past CTA_ROWS, its row blocks' rows), or None: the exact route runs it."""
+    if shape.q != 1 or shape.decode or shape.hkv < 1 or shape.hq % shape.hkv or shape.hq // shape.hkv > MAX_ROWS:
         return None
-    group = shape.hq // shape.hkv
+    per_cta = row_blocks(shape.hq // shape.hkv)[1]
     fits = [
         (inst[1], r)
         for r in rows
-        if "decode" in r and (inst := instantiation(r["kernel"])) and inst[0] == shape.d and inst[1] >= group
+        if "decode" in r and (inst := instantiation(r["kernel"])) and inst[0] == shape.d and inst[1] >= per_cta
     ]
     return min(fits, key=lambda x: x[0])[1] if fits else None
 
 
+def splits(shape: Shape, sms: int, kernel: dict) -> int:
+    """The decode split on ``sms`` SMs (patch 0004's routing::decode_splits): exact_route.decode_splits
+    over the kernel's b x hkv x row-block CTAs, SPLIT_KEYS keys per block and its own CTA slots."""
+    ctas = shape.b * shape.hkv * row_blocks(shape.hq // shape.hkv)[0]
+    return decode_splits(ctas, shape.kv, SPLIT_KEYS, sms * kernel["occupancy"]["blocks_per_sm"])
+
+
 def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
-    """The decode kernel's launch for ``shape`` split ``n`` ways (exact_route.decode_splits over its
-    b x hkv CTAs, SPLIT_KEYS keys per block and its own CTA slots: report.predict_decode), and its
-    plan: the splits and, where split, the bytes the combine moves (the partials read, O written)."""
+    """The decode kernel's launch for ``shape`` split ``n`` ways (``splits``), and its plan: the
+    splits, the row blocks and, where split, the bytes the combine moves (the partials read, O
+    written)."""
     d = kernel["decode"]
+    blocks = row_blocks(shape.hq // shape.hkv)[0]
     share = -(-shape.kv // n)
     per = -(-share // SPLIT_KEYS) * SPLIT_KEYS
     warps = THREADS // 32
     its = [
         -(-max(0, min(shape.kv, (s + 1) * per) - s * per) // (warps * KEYS_PER_WARP))
         for s in range(n)
-        for _ in range(shape.b * shape.hkv)
+        for _ in range(shape.b * shape.hkv * blocks)
     ]
     q_bytes = shape.b * shape.hq * shape.d * 2
-    kv_bytes = 2 * shape.b * shape.kv * shape.hkv * shape.d * 2
+    kv_bytes = 2 * shape.b * shape.kv * shape.hkv * shape.d * 2 * blocks
     partials = n * shape.b * shape.hq * (shape.d * 4 + 4) if n > 1 else 0
     forward = KernelLaunch(
         kernel["kernel"],
@@ -117,5 +137,5 @@ def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
         hbm_bytes=2 * q_bytes + shape.b * shape.hq * 4 + kv_bytes + partials,
         streams=True,
     )
-    plan = {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv}
+    plan = {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv, "row_blocks": blocks}
     return forward, {**plan, "combine_bytes": partials + q_bytes if n > 1 else 0}

@@ -44,7 +44,6 @@ from fa2patch.model.calibration import calibrate
 from fa2patch.model.exact_route import (
     COMBINE_KERNEL,
     combine_bytes,
-    decode_splits,
     dense_launches,
     splitkv_launches,
 )
@@ -276,9 +275,7 @@ def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, ca
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
-    slots = card.sms * kernel["occupancy"]["blocks_per_sm"]
-    splits = decode_splits(shape.b * shape.hkv, shape.kv, decode_route.SPLIT_KEYS, slots)
-    forward, plan = decode_route.launch(shape, kernel, splits)
+    forward, plan = decode_route.launch(shape, kernel, decode_route.splits(shape, card.sms, kernel))
     launches = [forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]
     return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
 
