@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """bench: argument handling, FLOP counting, numerics verdicts and the table, on the CPU."""
 
+import json
+
 import pytest
 
 from fa2patch.common.errors import EnvironmentProblem
@@ -98,3 +100,91 @@ def test_bench_without_gpu_exits_3(mini):
         pytest.skip("a GPU is present")
     proc = mini.run("bench", check_rc=3)
     assert "no CUDA GPU" in proc.stderr
+
+
+def test_batch_and_page_shapes():
+    (s,) = parse_shapes("q=1,kv=100,hq=8,hkv=2,d=128,b=4,page=16")
+    assert (s.b, s.page) == (4, 16) and s.label == "B=4 Q=1 KV=100 Hq=8 Hkv=2 D=128 causal page=16"
+    assert parse_shapes("q=1,kv=100,hq=8,hkv=2,d=128")[0].page == 0
+    with pytest.raises(EnvironmentProblem, match="page=20 is not a multiple of 16"):
+        parse_shapes("q=1,kv=100,hq=8,hkv=2,d=128,page=20")
+
+
+def test_route_entries_carry_their_switches():
+    from fa2patch.compile.extension import route_entry
+
+    force = {"FA2PATCH_FORCE_SM70": "1"}
+    assert route_entry("sm70-dense") == {"name": "sm70-dense", "op": "varlen_fwd", "env": force, "pin_splits": 1}
+    decode = {"name": "sm70-decode", "op": "varlen_fwd", "env": {"FA2PATCH_SM70_DECODE": "1"}}
+    assert route_entry(decode) == {**decode, "env": {**force, "FA2PATCH_SM70_DECODE": "1"}}
+    gqa = {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}}
+    assert route_entry(gqa) == gqa
+
+
+BUILD_INFO = {
+    "routes": [
+        "sm70-dense",
+        {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}},
+        {"name": "sm70-decode", "op": "varlen_fwd", "env": {"FA2PATCH_SM70_DECODE": "1"}},
+    ]
+}
+
+
+def fake_bench(monkeypatch, counted: dict):
+    """bench() with build_info and the subprocess replaced: every case took 1 ms with good numerics,
+    and route_stats() counted ``counted[route]``; returns the calls' (spec, env)."""
+    from fa2patch.measure import bench
+
+    calls = []
+
+    def worker(code, artifact, spec, env=None):
+        spec = json.loads(spec)
+        calls.append((spec, env))
+        numbers = {"max_abs": 1e-4, "rel_l2": 1e-4, "bar": 1e-3, "finite": True}
+        ran = next(c["routes"] for c in counted.values() if c["env"] == env)
+        return {"median_ms": 1.0, "numerics": numbers, "routes_counted": ran}
+
+    monkeypatch.setattr(bench, "require_build_info", lambda artifact: BUILD_INFO)
+    monkeypatch.setattr(bench, "python_json", worker)
+    monkeypatch.setattr(bench, "smi", lambda query: "1530,1530,550")
+    return calls
+
+
+def test_bench_refuses_batches_on_an_own_op_route(monkeypatch):
+    from pathlib import Path
+
+    from fa2patch.measure.bench import bench
+
+    fake_bench(monkeypatch, {})
+    gpu = {"name": "x", "capability": "sm_70"}
+    shape = Shape(1, 4096, 6, 1, 256, True, 0.0625, b=2)
+    with pytest.raises(EnvironmentProblem, match="sm70-gqa-prefill takes one contiguous sequence"):
+        bench(gpu, Path("x.so"), "0" * 64, ["sm70-dense", "sm70-gqa-prefill"], [shape], 1, 1)
+    with pytest.raises(EnvironmentProblem, match=r"decode \(rows batched with a chunk\) is for `report` only"):
+        bench(gpu, Path("x.so"), "0" * 64, None, [Shape(64, 4096, 6, 1, 256, True, 0.0625, decode=3)], 1, 1)
+
+
+def test_bench_times_the_decode_kernel_only_where_it_took_the_call(monkeypatch):
+    """A varlen_fwd route's case counts only if route_stats() counted that route for its calls: the
+    decode kernel's switch on a shape it does not take (here the exact kernel ran) is an error."""
+    from pathlib import Path
+
+    from fa2patch.measure.bench import bench
+
+    force = {"FA2PATCH_FORCE_SM70": "1"}
+    counted = {
+        "dense": {"env": force, "routes": {"sm70-dense": 3}},
+        "decode": {"env": {**force, "FA2PATCH_SM70_DECODE": "1"}, "routes": {"sm70-decode": 3}},
+    }
+    calls = fake_bench(monkeypatch, counted)
+    gpu = {"name": "x", "capability": "sm_70"}
+    shape = Shape(1, 4096, 32, 8, 128, True, 0.09, b=64, page=16)
+    result = bench(gpu, Path("x.so"), "0" * 64, ["sm70-dense", "sm70-decode"], [shape], 1, 2)
+    assert [r.get("error") for r in result["results"]] == [None, None]
+    assert [spec["pin_splits"] for spec, _ in calls] == [1, None]  # the decode route keeps its own split
+    assert calls[0][0]["b"] == 64 and calls[0][0]["page"] == 16
+    counted["decode"]["routes"] = {"sm70-dense": 3}
+    result = bench(gpu, Path("x.so"), "0" * 64, ["sm70-dense", "sm70-decode"], [shape], 1, 2)
+    dense, decode = result["results"]
+    assert "error" not in dense and "median_ms" not in decode
+    assert decode["error"] == "sm70-decode did not take this call: route_stats() counted {'sm70-dense': 3}"

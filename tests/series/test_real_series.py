@@ -231,6 +231,8 @@ def test_long_prefill_ops_on_a_gpu_less_machine(long_prefill_ops):
     kind, message = r["cpu_call"]
     assert kind == "NotImplementedError" and "'CPU' backend" in message
     assert {"name": routes.GQA, "op": "gqa_prefill_fwd", "env": {}} in r["info"]["routes"]
+    decode = {"name": routes.DECODE, "op": "varlen_fwd", "env": {routes.DECODE_ENV: "1"}}
+    assert r["info"]["routes"] == [routes.EXACT, {"name": routes.GQA, "op": "gqa_prefill_fwd", "env": {}}, decode]
     kernel = next(k for k in r["info"]["kernels"] if k["kernel"] == "sm70_gqa_prefill_kernel")
     assert kernel["route"] == routes.GQA and kernel["head_dim"] == 256 and kernel["warps"] == 4
     # Two CTAs per SM beside the static 1,408 bytes (tile maxima, row scales, bad-key marks).

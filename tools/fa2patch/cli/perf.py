@@ -138,9 +138,9 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor
     "--shapes",
     default=None,
     metavar="SPEC",
-    help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..]; a:b:step sweeps; ';' "
-    "separates groups [default: Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, "
-    "D=256, causal, scale 1/16]",
+    help="q=..,kv=..,hq=..,hkv=..,d=..[,causal=0|1][,scale=..][,b=batch][,page=tokens] (b, page: "
+    "varlen_fwd's routes; page: a paged cache); a:b:step sweeps; ';' separates groups [default: "
+    "Q=8000, KV=40000..128000 step 8000, Hq=6, Hkv=1, D=256, causal, scale 1/16]",
 )
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
 @click.option("--reps", type=click.IntRange(min=1), default=5, show_default=True)

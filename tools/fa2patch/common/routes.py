@@ -9,7 +9,8 @@ EXACT = "sm70-dense"
 # decision names it as EXACT with "splits".
 SPLITKV = "sm70-dense-splitkv"
 # The decode kernel (patch 0002) in the exact kernel's place for calls of one query row per sequence,
-# while FA2PATCH_SM70_DECODE=1 (off until its lab run): a route_stats() name, not a build_info() route.
+# while FA2PATCH_SM70_DECODE=1 (off until its lab run): a route_stats() name, and a build_info() route
+# reached through varlen_fwd with that switch (bench times it so).
 DECODE = "sm70-decode"
 DECODE_ENV = "FA2PATCH_SM70_DECODE"
 # The long-prefill route (patch 0003): gqa_prefill_fwd, and varlen_fwd where routing picks it.

@@ -21,6 +21,7 @@ class Shape:
     b: int = 1  # sequences of this shape in the batch
     decode: int = 0  # decode rows in the same call (one query each, after vLLM's chunked prefill)
     decode_kv: int = 0  # keys each decode row attends to (0: kv)
+    page: int = 0  # bench: K/V in a paged cache of this many tokens per block (0: contiguous)
 
     @property
     def dkv(self) -> int:
@@ -31,7 +32,7 @@ class Shape:
         decode = f" +{self.decode} decode KV={self.dkv}" if self.decode else ""
         return (
             f"{f'B={self.b} ' if self.b > 1 else ''}Q={self.q} KV={self.kv} Hq={self.hq} Hkv={self.hkv} "
-            f"D={self.d}{' causal' if self.causal else ''}{decode}"
+            f"D={self.d}{' causal' if self.causal else ''}{decode}{f' page={self.page}' if self.page else ''}"
         )
 
 
@@ -40,8 +41,10 @@ def parse_shapes(text: str) -> list[Shape]:
     a..b inclusive. Keys: q, kv, hq, hkv, d, causal (0/1), scale (default d**-0.5), b (batch:
     sequences of that shape, default 1), decode (decode rows in the same varlen call, one query
     each: vLLM's chunked prefill batches a prefill chunk with running requests' decodes; default
-    0) and dkv (the keys each decode row attends to, default kv)."""
-    keys = ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b", "decode", "dkv")
+    0), dkv (the keys each decode row attends to, default kv) and page (bench: K/V in a paged cache
+    of that many tokens per block, a multiple of 16 as FA2's paged KV needs; default 0, contiguous;
+    the model does not see it)."""
+    keys = ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b", "decode", "dkv", "page")
     shapes = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
         fields = {}
@@ -55,7 +58,7 @@ def parse_shapes(text: str) -> list[Shape]:
             raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
         sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
         scale = float(fields["scale"]) if "scale" in fields else None
-        for b, q, kv, hq, hkv, d, decode, dkv in itertools.product(
+        for b, q, kv, hq, hkv, d, decode, dkv, page in itertools.product(
             sweeps.get("b", [1]),
             sweeps["q"],
             sweeps["kv"],
@@ -64,9 +67,12 @@ def parse_shapes(text: str) -> list[Shape]:
             sweeps["d"],
             sweeps.get("decode", [0]),
             sweeps.get("dkv", [0]),
+            sweeps.get("page", [0]),
         ):
             if hq % hkv:
                 raise EnvironmentProblem(f"--shapes: hq={hq} is not a multiple of hkv={hkv}")
+            if page % 16:
+                raise EnvironmentProblem(f"--shapes: page={page} is not a multiple of 16 (FA2's paged KV)")
             if decode and q < 2:
                 raise EnvironmentProblem(
                     f"--shapes: decode={decode} rows ride with a prefill chunk: q must be >= 2, got q={q}"
@@ -83,6 +89,7 @@ def parse_shapes(text: str) -> list[Shape]:
                     b,
                     decode,
                     dkv if decode else 0,
+                    page,
                 )
             )
     if not shapes:

@@ -10,7 +10,8 @@
   long-prefill op's block plan and launch sequence for given sizes (``gqa_prefill_plan``), both in
   one process by ``read_extension``.
 - **Route entries** (``route_entry``): a build_info() route is a name reached through varlen_fwd (the
-  exact route, pinned to itself by the routing test hook) or an object naming its op and environment.
+  exact route, pinned to itself by the routing test hook) or an object naming its op and environment
+  (the decode kernel: varlen_fwd with its switch on).
 - **Probes**: the GPU torch sees (``probe_gpu``), nvidia-smi's values (``smi``, ``mhz``), and the one
   way to run Python in a subprocess and read its last line as JSON (``python_json``).
 """
@@ -180,11 +181,17 @@ def launches_of(build_info: dict) -> dict[str, tuple[int, int]]:
 PIN_SPLITS_HOOK = "_routing_prefill_splits_for_testing"
 
 
+FORCE_SM70 = {"FA2PATCH_FORCE_SM70": "1"}  # the lab switch: the SM70 route on any GPU
+
+
 def route_entry(entry) -> dict:
     """A build_info route: a name reached through varlen_fwd (the exact route, pinned to itself with
-    ``pin_splits`` 1, unsplit, whatever the router would choose), or an object naming its own op."""
+    ``pin_splits`` 1, unsplit, whatever the router would choose), or an object naming its op and
+    environment; varlen_fwd's routes run with the lab switch too."""
     if isinstance(entry, str):
-        return {"name": entry, "op": "varlen_fwd", "env": {"FA2PATCH_FORCE_SM70": "1"}, "pin_splits": 1}
+        return {"name": entry, "op": "varlen_fwd", "env": FORCE_SM70, "pin_splits": 1}
+    if entry["op"] == "varlen_fwd":
+        return {**entry, "env": {**FORCE_SM70, **entry.get("env", {})}}
     return entry
 
 
@@ -199,9 +206,12 @@ def pin_route(ops, route: dict) -> None:
         getattr(ops, PIN_SPLITS_HOOK)(route["pin_splits"])
 
 
-def varlen_fwd(op, q, k, v, out, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool) -> None:
-    """Subprocess side: ``op`` (varlen_fwd) on contiguous sequences, without dropout, paging, ALiBi,
-    window or softcap, FA2's own split choice: the call smoke and bench make."""
+def varlen_fwd(
+    op, q, k, v, out, cu_q, cu_k, max_q: int, max_k: int, scale: float, causal: bool, seqused_k=None, block_table=None
+) -> None:
+    """Subprocess side: ``op`` (varlen_fwd) without dropout, ALiBi, window or softcap, FA2's own split
+    choice, on contiguous sequences or (``block_table``, ``seqused_k``) a paged cache: the call smoke
+    and bench make."""
     op(
         q,
         k,
@@ -209,9 +219,9 @@ def varlen_fwd(op, q, k, v, out, cu_q, cu_k, max_q: int, max_k: int, scale: floa
         out,
         cu_q,
         cu_k,
+        seqused_k,
         None,
-        None,
-        None,
+        block_table,
         None,
         max_q,
         max_k,

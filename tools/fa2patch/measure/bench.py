@@ -2,7 +2,11 @@
 """bench: time two routes of the extension on a GPU over a shape sweep, with numerics.
 
 Each (route, shape) runs in its own subprocess with the route's environment (the lab switch is
-read once per process). Timing: CUDA events around each call after warm-up; median, min, max.
+read once per process). A varlen_fwd route runs ``b`` sequences of the shape in one call, K/V
+contiguous or in a paged cache (``page``, blocks shuffled), and must be the route that route_stats()
+counted for its calls (the decode kernel takes only calls of one query row per sequence; a case it
+did not take is an error, not the exact route's time under its name). Timing: CUDA events around
+each call after warm-up; median, min, max.
 Numerics: the last output against a chunked FP32 reference, judged against both bench's looser
 envelope and the numerics contract (both in ``fa2patch.common.numerics``).
 The card: NVML samples (``gpu_clocks``: SM and memory clock, power, temperature, throttle reasons)
@@ -77,9 +81,13 @@ def bench(
         raise EnvironmentProblem(
             f"{artifact}: no route {', '.join(unknown)}; it registers {', '.join(known) or 'none'}"
         )
-    if any(s.b != 1 or s.decode for s in shapes):
+    if any(s.decode for s in shapes):
+        raise EnvironmentProblem("--shapes: decode (rows batched with a chunk) is for `report` only")
+    own_op = [r for r in routes if known[r]["op"] != "varlen_fwd"]
+    if own_op and any(s.b != 1 or s.page for s in shapes):
         raise EnvironmentProblem(
-            "--shapes: b (batch) and decode are for `report` only; bench times one sequence per shape"
+            f"--shapes: b (batch) and page are for varlen_fwd's routes; {', '.join(own_op)} "
+            f"takes one contiguous sequence"
         )
     idle, max_clock, driver = ([*smi("clocks.sm,clocks.max.sm,driver_version").split(","), "", ""])[:3]
     results = []
@@ -98,6 +106,9 @@ def bench(
             ),
             env=known[route].get("env"),
         )
+        ran = r.get("routes_counted")
+        if "error" not in r and ran is not None and set(ran) != {route}:
+            r = {"error": f"{route} did not take this call: route_stats() counted {ran}"}
         if "error" not in r:
             r.update(judge(r["numerics"]))
             r["tflops"] = useful_flops(shape) / (r["median_ms"] * 1e-3) / 1e12
@@ -164,8 +175,9 @@ def model_ratio(measured_ms: float, model: dict) -> dict:
 
 def worker() -> None:
     """Subprocess side: time one shape through the route's op and compare the output. varlen_fwd
-    takes vLLM's 22 arguments; gqa_prefill_fwd (one causal sequence) a workspace allocated once,
-    as a persistent one would be."""
+    takes vLLM's 22 arguments (``b`` sequences, K/V contiguous or paged) and reports the routes
+    route_stats() counted for its calls; gqa_prefill_fwd (one causal sequence) a workspace
+    allocated once, as a persistent one would be."""
     import torch
 
     from fa2patch.measure.reference import attention_ref_chunked, compare
@@ -179,27 +191,37 @@ def worker() -> None:
     if name != "varlen_fwd" and not spec["causal"]:
         raise ValueError(f"{name} computes causal attention only; the shape is not causal")
     torch.manual_seed(0)
-    q = torch.randn(spec["q"], spec["hq"], spec["d"], dtype=torch.float16, device="cuda")
-    k = torch.randn(spec["kv"], spec["hkv"], spec["d"], dtype=torch.float16, device="cuda")
-    v = torch.randn_like(k)
+    b, sq, sk, hkv, d = spec["b"], spec["q"], spec["kv"], spec["hkv"], spec["d"]
+    q = torch.randn(b * sq, spec["hq"], d, dtype=torch.float16, device="cuda")
     out = torch.empty_like(q)
-    cu_q = torch.tensor([0, spec["q"]], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, spec["kv"]], dtype=torch.int32, device="cuda")
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq
+    cu_k = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sk
+    if spec.get("page"):
+        k, v, table, keys_of = paged_cache(torch, b, sk, hkv, d, spec["page"])
+        seqused = torch.full((b,), sk, dtype=torch.int32, device="cuda")
+    else:
+        k = torch.randn(b * sk, hkv, d, dtype=torch.float16, device="cuda")
+        v = torch.randn_like(k)
+        table = seqused = None
+
+        def keys_of(i):
+            return k[i * sk : (i + 1) * sk], v[i * sk : (i + 1) * sk]
 
     if name == "varlen_fwd":
 
         def call():
-            varlen_fwd(op, q, k, v, out, cu_q, cu_k, spec["q"], spec["kv"], spec["scale"], spec["causal"])
+            varlen_fwd(op, q, k, v, out, cu_q, cu_k, sq, sk, spec["scale"], spec["causal"], seqused, table)
     else:
         ws = torch.empty(
-            ops.gqa_prefill_workspace_bytes(spec["q"], spec["kv"], spec["hq"], spec["hkv"]),
+            ops.gqa_prefill_workspace_bytes(sq, sk, spec["hq"], hkv),
             dtype=torch.uint8,
             device="cuda",
         )
 
         def call():
-            op(q, k, v, out, None, spec["kv"], spec["scale"], ws)
+            op(q, k, v, out, None, sk, spec["scale"], ws)
 
+    before = json.loads(ops.route_stats())["devices"][str(torch.cuda.current_device())]["routes"]
     for _ in range(spec["warmup"]):
         call()
     torch.cuda.synchronize()
@@ -215,13 +237,20 @@ def worker() -> None:
             end.synchronize()
             times.append(start.elapsed_time(end))
     clock = smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
+    after = json.loads(ops.route_stats())["devices"][str(torch.cuda.current_device())]["routes"]
     times.sort()
-    ref, _ = attention_ref_chunked(q, k, v, spec["scale"], spec["causal"], max_elems=1 << 28)
-    ref16, _ = attention_ref_chunked(
-        q, k, v, spec["scale"], spec["causal"], compute_dtype=torch.float16, max_elems=1 << 28
-    )
+    refs = [[], []]
+    for i in range(b):
+        ki, vi = keys_of(i)
+        for dtype, acc in ((torch.float32, refs[0]), (torch.float16, refs[1])):
+            ref, _ = attention_ref_chunked(
+                q[i * sq : (i + 1) * sq], ki, vi, spec["scale"], spec["causal"], compute_dtype=dtype, max_elems=1 << 28
+            )
+            acc.append(ref)
+    ref, ref16 = torch.cat(refs[0]), torch.cat(refs[1])
     numerics = compare(out, ref, ref16)
     numerics["mean_abs"] = (out.float() - ref).abs().mean().item()
+    counted = {r: n - before.get(r, 0) for r, n in after.items() if n != before.get(r, 0)}
     print(
         json.dumps(
             {
@@ -232,6 +261,24 @@ def worker() -> None:
                 "numerics": numerics,
                 "clocks": sampler.summary() if sampler else None,
                 "nvml": nvml_info,
+                "routes_counted": counted if name == "varlen_fwd" else None,
             }
         )
     )
+
+
+def paged_cache(torch, b: int, sk: int, hkv: int, d: int, page: int):
+    """Subprocess side: K/V caches of ``b`` sequences of ``sk`` keys in blocks of ``page`` tokens,
+    vLLM's layout [blocks, page, hkv, d], the blocks handed out in a shuffled order; (k, v, block
+    table, keys_of(i) -> sequence i's keys and values, gathered back in order)."""
+    per_seq = -(-sk // page)
+    order = torch.randperm(b * per_seq, device="cuda")
+    table = order.view(b, per_seq).to(torch.int32)
+    k = torch.randn(b * per_seq, page, hkv, d, dtype=torch.float16, device="cuda")
+    v = torch.randn_like(k)
+
+    def keys_of(i):
+        rows = table[i].long()
+        return k[rows].reshape(-1, hkv, d)[:sk], v[rows].reshape(-1, hkv, d)[:sk]
+
+    return k, v, table, keys_of

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from fa2patch.common.errors import NothingToLaunch
+from fa2patch.common.routes import DECODE
 from fa2patch.compile.extension import (
     load_build_info,
     load_manifest,
@@ -25,11 +26,18 @@ from fa2patch.compile.extension import (
 
 # (batch of (seqlen_q, seqlen_k), heads_q, heads_kv, head_dim, causal)
 # Routes whose op is varlen_fwd run these; the long-prefill op (one sequence, causal, head dim 256)
-# runs PREFILL_PROBLEMS.
+# runs PREFILL_PROBLEMS, the decode kernel DECODE_PROBLEMS.
 PROBLEMS = [
     ([(1, 1), (17, 33), (64, 64)], 4, 2, 64, True),
     ([(5, 300), (128, 128)], 6, 1, 128, False),
     ([(3, 40)], 2, 1, 256, True),
+]
+# The decode kernel's route (varlen_fwd with its switch): calls of one query row per sequence, which
+# it takes (groups of 6, 4 and 16 rows: one CTA, one CTA, two row blocks).
+DECODE_PROBLEMS = [
+    ([(1, 1), (1, 77), (1, 300)], 6, 1, 256, True),
+    ([(1, 1000), (1, 17)], 8, 2, 128, True),
+    ([(1, 40)], 16, 1, 64, False),
 ]
 PREFILL_PROBLEMS = [
     ([(1, 1)], 6, 1, 256, True),
@@ -93,7 +101,8 @@ def probe_route() -> None:
     prefill = route["op"] == "gqa_prefill_fwd"
     torch.manual_seed(0)
     cases = []
-    for seqs, hq, hk, d, causal in PREFILL_PROBLEMS if prefill else PROBLEMS:
+    problems = PREFILL_PROBLEMS if prefill else DECODE_PROBLEMS if route["name"] == DECODE else PROBLEMS
+    for seqs, hq, hk, d, causal in problems:
         cu_q = torch.tensor(
             [0] + [sum(s[0] for s in seqs[: i + 1]) for i in range(len(seqs))], dtype=torch.int32, device="cuda"
         )

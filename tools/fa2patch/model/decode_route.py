@@ -22,7 +22,7 @@ import re
 
 from fa2patch.common.shapes import Shape
 from fa2patch.compile import sass
-from fa2patch.model.exact_route import decode_splits
+from fa2patch.model.exact_route import combine_bytes, decode_splits
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import KernelLaunch
 
@@ -107,6 +107,13 @@ def splits(shape: Shape, sms: int, kernel: dict) -> int:
     over the kernel's b x hkv x row-block CTAs, SPLIT_KEYS keys per block and its own CTA slots."""
     ctas = shape.b * shape.hkv * row_blocks(shape.hq // shape.hkv)[0]
     return decode_splits(ctas, shape.kv, SPLIT_KEYS, sms * kernel["occupancy"]["blocks_per_sm"])
+
+
+def launches(shape: Shape, kernel: dict, sms: int) -> tuple[list[KernelLaunch], dict]:
+    """The call's launches on ``sms`` SMs (the kernel, split as ``splits`` says, then the exact
+    route's combine where split) and the plan (``launch``)."""
+    forward, plan = launch(shape, kernel, splits(shape, sms, kernel))
+    return ([forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]), plan
 
 
 def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:

@@ -43,7 +43,6 @@ from fa2patch.model import decode_route, gqa_route
 from fa2patch.model.calibration import calibrate
 from fa2patch.model.exact_route import (
     COMBINE_KERNEL,
-    combine_bytes,
     dense_launches,
     splitkv_launches,
 )
@@ -275,8 +274,7 @@ def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, ca
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
-    forward, plan = decode_route.launch(shape, kernel, decode_route.splits(shape, card.sms, kernel))
-    launches = [forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]
+    launches, plan = decode_route.launches(shape, kernel, card.sms)
     return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
 
 
@@ -390,10 +388,12 @@ def predict_routes(
 def route_launches(
     shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path, gqa_plans: dict | None = None
 ) -> list[KernelLaunch]:
-    """The launches of ``route`` (sm70-dense or sm70-gqa-prefill) for a shape on a card: what a
-    user's bench case measured (user_anchors.py)."""
+    """The launches of ``route`` (sm70-dense, sm70-decode or sm70-gqa-prefill) for a shape on a card:
+    what a user's bench case measured (user_anchors.py)."""
     if route == routes.EXACT:
         return dense_launches(shape, dense_kernel(shape, rows, artifact), card)[0]
+    if route == routes.DECODE and (kernel := decode_route.kernel_for(shape, rows)):
+        return decode_route.launches(shape, kernel, card.sms)[0]
     found = gqa_kernel_and_plan(shape, rows, gqa_plans or {}, artifact) if route == routes.GQA else None
     if found is not None:
         return gqa_route.launches(shape, *found)[0]
