@@ -114,7 +114,8 @@ def test_route_entries_carry_their_switches():
     from fa2patch.compile.extension import route_entry
 
     force = {"FA2PATCH_FORCE_SM70": "1"}
-    assert route_entry("sm70-dense") == {"name": "sm70-dense", "op": "varlen_fwd", "env": force, "pin_splits": 1}
+    exact = {"name": "sm70-dense", "op": "varlen_fwd", "env": {**force, "FA2PATCH_SM70_DECODE": "0"}, "pin_splits": 1}
+    assert route_entry("sm70-dense") == exact  # the decode kernel's switch off, whatever the shell says
     decode = {"name": "sm70-decode", "op": "varlen_fwd", "env": {"FA2PATCH_SM70_DECODE": "1"}}
     assert route_entry(decode) == {**decode, "env": {**force, "FA2PATCH_SM70_DECODE": "1"}}
     gqa = {"name": "sm70-gqa-prefill", "op": "gqa_prefill_fwd", "env": {}}
@@ -173,7 +174,7 @@ def test_bench_times_the_decode_kernel_only_where_it_took_the_call(monkeypatch):
 
     force = {"FA2PATCH_FORCE_SM70": "1"}
     counted = {
-        "dense": {"env": force, "routes": {"sm70-dense": 3}},
+        "dense": {"env": {**force, "FA2PATCH_SM70_DECODE": "0"}, "routes": {"sm70-dense": 3}},
         "decode": {"env": {**force, "FA2PATCH_SM70_DECODE": "1"}, "routes": {"sm70-decode": 3}},
     }
     calls = fake_bench(monkeypatch, counted)

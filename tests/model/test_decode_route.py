@@ -67,3 +67,14 @@ def test_groups_past_one_cta_run_as_row_blocks():
     partials = 18 * 2 * 24 * (128 * 4 + 4)
     q = 2 * 24 * 128 * 2
     assert fwd.hbm_bytes == 2 * q + 2 * 24 * 4 + 2 * (2 * 2 * 4096 * 2 * 128 * 2) + partials
+
+
+def test_calls_fa2_does_not_swap_run_unsplit():
+    """One query row per sequence with as many query heads as KV heads: FA2's swap does not run, nor
+    its split (patch 0004's decode_splits is reached through the swap only): one CTA per sequence
+    and head, no combine."""
+    mha = Shape(1, 131072, 8, 8, 128, True, 0.09)
+    assert decode_route.splits(mha, 80, kernel(3)) == 1
+    launches, plan = decode_route.launches(mha, kernel(3), 80)
+    assert plan["splits"] == 1 and len(launches) == 1 and len(launches[0].iterations) == 8
+    assert decode_route.splits(replace(mha, hkv=1), 80, kernel(3)) == 128

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from fa2patch.common.digest import sha256_file
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem, mismatch
+from fa2patch.common.routes import DECODE_ENV
 from fa2patch.compile.sass import name_part_glob
 
 MANIFEST = "manifest.json"
@@ -185,11 +186,12 @@ FORCE_SM70 = {"FA2PATCH_FORCE_SM70": "1"}  # the lab switch: the SM70 route on a
 
 
 def route_entry(entry) -> dict:
-    """A build_info route: a name reached through varlen_fwd (the exact route, pinned to itself with
-    ``pin_splits`` 1, unsplit, whatever the router would choose), or an object naming its op and
-    environment; varlen_fwd's routes run with the lab switch too."""
+    """A build_info route: a name reached through varlen_fwd (the exact route: on prefill calls
+    pinned to itself unsplit with ``pin_splits`` 1, whatever the router would choose; decode calls
+    keep the decode swap's split; the decode kernel's switch off whatever the caller's environment
+    says), or an object naming its op and environment; varlen_fwd's routes run with the lab switch."""
     if isinstance(entry, str):
-        return {"name": entry, "op": "varlen_fwd", "env": FORCE_SM70, "pin_splits": 1}
+        return {"name": entry, "op": "varlen_fwd", "env": {**FORCE_SM70, DECODE_ENV: "0"}, "pin_splits": 1}
     if entry["op"] == "varlen_fwd":
         return {**entry, "env": {**FORCE_SM70, **entry.get("env", {})}}
     return entry

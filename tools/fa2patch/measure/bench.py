@@ -81,6 +81,8 @@ def bench(
         raise EnvironmentProblem(
             f"{artifact}: no route {', '.join(unknown)}; it registers {', '.join(known) or 'none'}"
         )
+    if any(s.q < 1 or s.kv < 1 for s in shapes):
+        raise EnvironmentProblem("--shapes: bench needs q >= 1 and kv >= 1 (no kernel runs without them)")
     if any(s.decode for s in shapes):
         raise EnvironmentProblem("--shapes: decode (rows batched with a chunk) is for `report` only")
     own_op = [r for r in routes if known[r]["op"] != "varlen_fwd"]

@@ -104,7 +104,11 @@ def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
 
 def splits(shape: Shape, sms: int, kernel: dict) -> int:
     """The decode split on ``sms`` SMs (patch 0004's routing::decode_splits): exact_route.decode_splits
-    over the kernel's b x hkv x row-block CTAs, SPLIT_KEYS keys per block and its own CTA slots."""
+    over the kernel's b x hkv x row-block CTAs, SPLIT_KEYS keys per block and its own CTA slots, where
+    FA2's seqlen_q/ngroups swap runs the call (grouped heads); 1 otherwise (FA2 splits no other varlen
+    call of one query row)."""
+    if shape.hq <= shape.hkv:
+        return 1
     ctas = shape.b * shape.hkv * row_blocks(shape.hq // shape.hkv)[0]
     return decode_splits(ctas, shape.kv, SPLIT_KEYS, sms * kernel["occupancy"]["blocks_per_sm"])
 
