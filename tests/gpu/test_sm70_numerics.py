@@ -250,10 +250,10 @@ case(
 )
 
 # The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run; the harness
-# sets it for ``decode_kernel``): every call of one query row per sequence whose group (rows per KV
-# head) is at most 16 at head dim 64/128/256 takes it (route_stats counts it; 9-16 rows as two row
-# blocks); larger groups and other head dims keep the exact route. Each case runs twice: bitwise the
-# same.
+# sets it for ``decode_kernel``): every unsplit call of at most 16 rows per KV head (max_seqlen_q x
+# the group: one query row per sequence, or speculative decoding's few) at head dim 64/128/256 takes
+# it (route_stats counts it; 9-16 rows as two row blocks); more rows and other head dims keep the
+# exact route. Each case runs twice: bitwise the same.
 LENGTHS = [(1, n) for n in (1, 2, 15, 16, 17, 31, 32, 33, 127, 128, 129, 300, 513, 4097)]
 
 
@@ -272,6 +272,17 @@ for hq, hkv, d in ((9, 1, 128), (24, 2, 256), (16, 1, 128), (32, 2, 64)):
 decode_case("rowblocks-splits4-16-1-d256", seqlens=LENGTHS, hq=16, hkv=1, d=256, page_size=784, num_splits=4)
 decode_case("rowblocks-alibi-12-1-d128", seqlens=LENGTHS[::2], hq=12, hkv=1, d=128, page_size=16, alibi=True)
 decode_case("hq18-hkv1-d128-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=18, hkv=1, d=128, page_size=16)
+# Speculative decoding's verification: a few query rows per sequence (bottom-right causal per row),
+# unsplit batches, at most 16 rows per KV head (max_seqlen_q x the group); 17 stay exact.
+SPEC = [(q, n) for q, n in ((2, 2), (3, 17), (1, 40), (4, 300), (2, 513), (3, 4097), (4, 4))]
+decode_case("spec-q4-4-2-d128", seqlens=SPEC, hq=4, hkv=2, d=128, page_size=16)  # 8 rows, dead rows
+decode_case("spec-q2-6-1-d256", seqlens=[(2, n) for _, n in SPEC], hq=6, hkv=1, d=256, page_size=784)  # 2 blocks
+decode_case("spec-q4-2-1-d64-full", seqlens=SPEC, hq=2, hkv=1, d=64, page_size=32, causal=False)
+decode_case("spec-window-q3-4-1-d128", seqlens=[(3, n) for _, n in SPEC], hq=4, hkv=1, d=128, window=[32, 0])
+decode_case("spec-alibi-q4-2-2-d128", seqlens=SPEC, hq=2, hkv=2, d=128, page_size=16, alibi=True)
+decode_case("spec-alibi-full-q4-4-1-d64", seqlens=SPEC, hq=4, hkv=1, d=64, alibi=True, causal=False)
+decode_case("spec-softcap-q3-2-1-d256", seqlens=[(3, n) for _, n in SPEC], hq=2, hkv=1, d=256, softcap=30.0)
+decode_case("spec-q17-exact", routes.EXACT, seqlens=[(17, 300), (5, 40)], hq=1, hkv=1, d=128, page_size=16)
 decode_case("hq6-hkv1-d96-exact", routes.EXACT, seqlens=LENGTHS[::3], hq=6, hkv=1, d=96, page_size=16)
 decode_case("contig-6-1-d256", seqlens=LENGTHS, hq=6, hkv=1, d=256)
 decode_case("full-6-1-d128", seqlens=LENGTHS[::2], hq=6, hkv=1, d=128, causal=False, page_size=32)

@@ -32,12 +32,14 @@ PROBLEMS = [
     ([(5, 300), (128, 128)], 6, 1, 128, False),
     ([(3, 40)], 2, 1, 256, True),
 ]
-# The decode kernel's route (varlen_fwd with its switch): calls of one query row per sequence, which
-# it takes (groups of 6, 4 and 16 rows: one CTA, one CTA, two row blocks).
+# The decode kernel's route (varlen_fwd with its switch): calls it takes, of one query row per
+# sequence (groups of 6, 4 and 16 rows: one CTA, one CTA, two row blocks) and of a few (speculative
+# decoding's verification: 3 x 2 rows per KV head).
 DECODE_PROBLEMS = [
     ([(1, 1), (1, 77), (1, 300)], 6, 1, 256, True),
     ([(1, 1000), (1, 17)], 8, 2, 128, True),
     ([(1, 40)], 16, 1, 64, False),
+    ([(3, 50), (1, 9)], 4, 2, 128, True),
 ]
 PREFILL_PROBLEMS = [
     ([(1, 1)], 6, 1, 256, True),
