@@ -698,9 +698,9 @@ kv_case(
 )
 
 
-# fwd_kvcache with the decode kernel switched on: calls of one query row that FA2 does not swap (equal
-# head counts, a window, ALiBi; FA2's fwd_kvcache does not mark its swap in params, so swapped calls
-# keep the exact kernel); appended k/v and rotary run before it, as before the exact kernel.
+# fwd_kvcache with the decode kernel switched on: calls of one query row, and unsplit calls of a few
+# (speculative verification, appended k/v and rotary running before it, as before the exact kernel);
+# FA2's own swap, which fwd_kvcache does not mark in params, arrives as rows that all see every key.
 def kv_decode_case(name, **spec):
     spec = {"seed": 3000 + len(NUMERICS), "decode_kernel": True, "repeats": 2, "hq": 4, "hkv": 4, **spec}
     NUMERICS.append(Case("kvcache-decode-kernel", name, spec, script=KVCACHE_SCRIPT))
@@ -719,6 +719,21 @@ kv_decode_case(
 )
 kv_decode_case(
     "alibi-softcap-gqa-append", cache=[10, 100, 300], seqlen_new=1, alibi=True, softcap=30.0, d=256, hq=6, hkv=1
+)
+kv_decode_case("swapped-gqa-unsplit", cache=[10, 100, 4097], hq=8, hkv=2, num_splits=1)  # FA2's swap: 4 rows
+kv_decode_case(  # 3 x 4 rows per KV head: two row blocks
+    "spec-q3-gqa-append-rotary-paged-p16",
+    cache=[10, 100, 300],
+    seqlen_q=3,
+    seqlen_new=3,
+    rotary_dim=64,
+    page_size=16,
+    hq=8,
+    hkv=2,
+    num_splits=1,
+)
+kv_decode_case(  # 4 x 4 rows
+    "spec-q4-gqa-window", cache=[5, 77, 300], seqlen_q=4, seqlen_new=4, hq=4, hkv=1, window=[32, 0], num_splits=1
 )
 
 # The endpoints of the reference long-prefill workload (docs/DESIGN.md §4, the target of patch
