@@ -7,6 +7,7 @@ from fa2patch.common.shapes import Shape
 from fa2patch.model import decode_route
 from fa2patch.model.exact_route import decode_splits
 from fa2patch.model.loop_mix import LoopMix
+from fa2patch.model.report import decode_launches
 
 
 def kernel(blocks_per_sm: int) -> dict:
@@ -61,8 +62,9 @@ def test_groups_past_one_cta_run_as_row_blocks():
     assert decode_route.kernel_for(twelve, rows)["kernel"] == "decode_sm70_kernel<128, 6>"
     assert decode_route.kernel_for(Shape(1, 4096, 34, 2, 128, True, 0.09), rows) is None  # 17 rows
     # 2 sequences x 2 KV heads x 2 row blocks = 8 CTAs; 72 SMs x 2 slots -> 18 splits
-    assert decode_route.splits(replace(twelve, b=2), 72, kernel(2)) == 18
-    fwd, plan = decode_route.launch(replace(twelve, b=2), kernel(2), 18)
+    assert decode_route.ctas(replace(twelve, b=2)) == 8
+    (fwd, _), plan = decode_launches(replace(twelve, b=2), kernel(2), 72)
+    assert plan["splits"] == 18
     assert plan["row_blocks"] == 2 and len(fwd.iterations) == 18 * 8
     partials = 18 * 2 * 24 * (128 * 4 + 4)
     q = 2 * 24 * 128 * 2
@@ -74,7 +76,6 @@ def test_calls_fa2_does_not_swap_run_unsplit():
     its split (patch 0004's decode_splits is reached through the swap only): one CTA per sequence
     and head, no combine."""
     mha = Shape(1, 131072, 8, 8, 128, True, 0.09)
-    assert decode_route.splits(mha, 80, kernel(3)) == 1
-    launches, plan = decode_route.launches(mha, kernel(3), 80)
+    launches, plan = decode_launches(mha, kernel(3), 80)
     assert plan["splits"] == 1 and len(launches) == 1 and len(launches[0].iterations) == 8
-    assert decode_route.splits(replace(mha, hkv=1), 80, kernel(3)) == 128
+    assert decode_launches(replace(mha, hkv=1), kernel(3), 80)[1]["splits"] == 128

@@ -241,7 +241,7 @@ def worker() -> None:
     clock = smi("clocks.sm")  # right after the timed calls: the clock they ran at, near enough
     after = json.loads(ops.route_stats())["devices"][str(torch.cuda.current_device())]["routes"]
     times.sort()
-    refs = [[], []]
+    refs: list[list] = [[], []]
     for i in range(b):
         ki, vi = keys_of(i)
         for dtype, acc in ((torch.float32, refs[0]), (torch.float16, refs[1])):

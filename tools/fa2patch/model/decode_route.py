@@ -22,7 +22,6 @@ import re
 
 from fa2patch.common.shapes import Shape
 from fa2patch.compile import sass
-from fa2patch.model.exact_route import combine_bytes, decode_splits
 from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import KernelLaunch
 
@@ -102,26 +101,14 @@ def kernel_for(shape: Shape, rows: list[dict]) -> dict | None:
     return min(fits, key=lambda x: x[0])[1] if fits else None
 
 
-def splits(shape: Shape, sms: int, kernel: dict) -> int:
-    """The decode split on ``sms`` SMs (patch 0004's routing::decode_splits): exact_route.decode_splits
-    over the kernel's b x hkv x row-block CTAs, SPLIT_KEYS keys per block and its own CTA slots, where
-    FA2's seqlen_q/ngroups swap runs the call (grouped heads); 1 otherwise (FA2 splits no other varlen
-    call of one query row)."""
-    if shape.hq <= shape.hkv:
-        return 1
-    ctas = shape.b * shape.hkv * row_blocks(shape.hq // shape.hkv)[0]
-    return decode_splits(ctas, shape.kv, SPLIT_KEYS, sms * kernel["occupancy"]["blocks_per_sm"])
-
-
-def launches(shape: Shape, kernel: dict, sms: int) -> tuple[list[KernelLaunch], dict]:
-    """The call's launches on ``sms`` SMs (the kernel, split as ``splits`` says, then the exact
-    route's combine where split) and the plan (``launch``)."""
-    forward, plan = launch(shape, kernel, splits(shape, sms, kernel))
-    return ([forward, combine_bytes(plan["combine_bytes"])] if plan["splits"] > 1 else [forward]), plan
+def ctas(shape: Shape) -> int:
+    """CTAs per key split: sequences x KV heads x row blocks (the split itself: report.decode_launches,
+    routing's one-wave rule, which lives in exact_route)."""
+    return shape.b * shape.hkv * row_blocks(shape.hq // shape.hkv)[0]
 
 
 def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
-    """The decode kernel's launch for ``shape`` split ``n`` ways (``splits``), and its plan: the
+    """The decode kernel's launch for ``shape`` split ``n`` ways (report.decode_launches), and its plan: the
     splits, the row blocks and, where split, the bytes the combine moves (the partials read, O
     written)."""
     d = kernel["decode"]

@@ -19,14 +19,10 @@ route on a ``Card`` (80 or 72 SMs, a clock) a lower bound (pipes only, at the ca
 model's time and the calibrated estimate with its range, the calibration refitted to the anchors
 on every run (calibration.calibrate). report_text.py renders it.
 
-Estimating another route: a route's time is the sum of its kernel launches. Build one
-``v100model.KernelLaunch`` per launch: its hot-loop mix (``LoopMix(**loop["model_mix"])`` of a
-hot loop in ``kernel_rows``, or a ``LoopMix`` written by hand), the hot-loop iterations of each
-CTA in launch order (``v100model.gemm_launch`` for a tiled GEMM, ``fa2_grid_iterations`` for an
-FA2-style grid), warps per CTA, CTAs per SM (a row's occupancy), an epilogue mix per warp and
-CTA, prologue load rounds and the launch's HBM bytes. Then ``route_estimate(launches, card, v100,
-calibrate(v100))`` gives the bound, the model and the calibrated time with each launch's
-details. docs/report-model.md describes the model.
+Estimating another route: its time is the sum of its launches, one ``v100model.KernelLaunch``
+each (hot-loop mix from ``kernel_rows`` or by hand, each CTA's iterations in launch order, warps
+and CTAs per SM, epilogue mix, prologue load rounds, HBM bytes); ``route_estimate(launches, card,
+v100, calibrate(v100))`` times them. docs/report-model.md describes the model.
 """
 
 from collections.abc import Sequence
@@ -41,11 +37,7 @@ from fa2patch.compile import sass, toolchain
 from fa2patch.compile.extension import launches_of
 from fa2patch.model import decode_route, gqa_route
 from fa2patch.model.calibration import calibrate
-from fa2patch.model.exact_route import (
-    COMBINE_KERNEL,
-    dense_launches,
-    splitkv_launches,
-)
+from fa2patch.model.exact_route import COMBINE_KERNEL, combine_bytes, decode_splits, dense_launches, splitkv_launches
 from fa2patch.model.ranges import held_out_parameters, versus, versus_one_kernel, with_range
 from fa2patch.model.sass_mix import combine_row, loop_row, outside_row, tile_code
 from fa2patch.model.v100model import (
@@ -269,12 +261,23 @@ def predict_gqa(
     return {**p, "binding_per_loop": {name: lp["binding"] for name, lp in gqa_route.tile_loops(kernel).items()}}
 
 
+def decode_launches(shape: Shape, kernel: dict, sms: int) -> tuple[list, dict]:
+    """The decode kernel's launches on ``sms`` SMs and its plan (decode_route.launch): split over its
+    CTAs, 16-key blocks and slots by routing's one-wave rule under FA2's swap (grouped heads; other
+    calls run unsplit), then the combine, charged its bytes, where split."""
+    slots = sms * kernel["occupancy"]["blocks_per_sm"]
+    grouped = shape.hq > shape.hkv
+    n = decode_splits(decode_route.ctas(shape), shape.kv, decode_route.SPLIT_KEYS, slots) if grouped else 1
+    forward, plan = decode_route.launch(shape, kernel, n)
+    return ([forward, combine_bytes(plan["combine_bytes"])] if n > 1 else [forward]), plan
+
+
 def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
     """The decode kernel (sm70-decode, taken while FA2PATCH_SM70_DECODE=1) where it takes ``shape``."""
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
-    launches, plan = decode_route.launches(shape, kernel, card.sms)
+    launches, plan = decode_launches(shape, kernel, card.sms)
     return prediction(shape, routes.DECODE, kernel, plan, launches, card, v100, calibration)
 
 
@@ -393,7 +396,7 @@ def route_launches(
     if route == routes.EXACT:
         return dense_launches(shape, dense_kernel(shape, rows, artifact), card)[0]
     if route == routes.DECODE and (kernel := decode_route.kernel_for(shape, rows)):
-        return decode_route.launches(shape, kernel, card.sms)[0]
+        return decode_launches(shape, kernel, card.sms)[0]
     found = gqa_kernel_and_plan(shape, rows, gqa_plans or {}, artifact) if route == routes.GQA else None
     if found is not None:
         return gqa_route.launches(shape, *found)[0]
