@@ -69,11 +69,16 @@ def test_smoke_launches_every_declared_route(gpu_build, build_info):
 
 def test_bench_times_the_decode_kernel_only_where_it_takes_the_call(gpu_build):
     """bench's sm70-decode route (varlen_fwd with the decode kernel's switch): a batch of one query
-    row per sequence over a shuffled paged cache is timed and meets the contract, on both routes;
-    a prefill shape, which the decode kernel does not take, is an error row, not the exact
-    kernel's time under the decode kernel's name (exit 1)."""
+    row per sequence over a shuffled paged cache, 16 rows of one KV head (two row blocks) and a
+    speculative verification (4 query rows x group 2 = 8 rows) are timed and meet the contract, on
+    both routes; a prefill shape (24 x 2 = 48 rows, past the kernel's 16), which the decode kernel
+    does not take, is an error row, not the exact kernel's time under the decode kernel's name
+    (exit 1)."""
     arch = gpu_build.parent.name
-    shapes = "q=1,kv=300,hq=6,hkv=1,d=256,b=3,page=16;q=1,kv=1000,hq=16,hkv=1,d=128;q=4,kv=64,hq=4,hkv=2,d=64"
+    shapes = (
+        "q=1,kv=300,hq=6,hkv=1,d=256,b=3,page=16;q=1,kv=1000,hq=16,hkv=1,d=128;"
+        "q=4,kv=64,hq=4,hkv=2,d=64;q=24,kv=64,hq=4,hkv=2,d=64"
+    )
     args = ["--arch", arch, "--routes", "sm70-dense,sm70-decode", "--shapes", shapes, "--warmup", "1", "--reps", "2"]
     proc = subprocess.run(
         [sys.executable, "-m", "fa2patch", "bench", *args, "--json"],
@@ -83,9 +88,9 @@ def test_bench_times_the_decode_kernel_only_where_it_takes_the_call(gpu_build):
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     rows = {(r["label"], r["route"]): r for r in json.loads(proc.stdout)["results"]}
-    assert len(rows) == 6
+    assert len(rows) == 8
     for (label, route), r in rows.items():
-        if label.startswith("Q=4") and route == "sm70-decode":
+        if label.startswith("Q=24") and route == "sm70-decode":
             assert r["error"].startswith("sm70-decode did not take this call"), r
         else:
             assert r["contract_ok"] and r["routes_counted"] == {route: 3}, r
