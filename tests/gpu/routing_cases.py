@@ -37,6 +37,9 @@ with FA2PATCH_FORCE_SM70=1 off V100. Scenarios:
   split_oom      with ``prefill_splits``: the OOM test hook refuses the split buffers (twice, logged
                  once): out and LSE bitwise those of the unsplit exact route (the hook at 1); the
                  same call without the OOM hook splits again
+  decode_rule    one call with FA2PATCH_SM70_DECODE unset (routing's built-in rule for the decode
+                 kernel): its route counted, the contract against the reference, and its out and
+                 LSE bitwise those of the same call with the switch at "1" and at "0"
 """
 
 import hashlib
@@ -162,6 +165,22 @@ def scenario_decode_split(ops, spec, inputs, splits: int) -> dict:
     auto = two_calls(ops, spec, inputs)
     given = two_calls(ops, {**spec, "num_splits": splits}, inputs)
     return {**result, "identical_to_given": bitwise(auto[0], given[0]) and bitwise(auto[1], given[1])}
+
+
+def scenario_decode_rule(ops, spec, inputs) -> dict:
+    """The call with the decode kernel's switch unset, counted and checked; then the same call with
+    the switch at "1" and "0" (identical_to_1, identical_to_0): the rule's choice is one of them,
+    kernel and split alike."""
+    os.environ.pop(sm70_cases.DECODE_ENV, None)
+    before = stats(ops)
+    result = sm70_cases.run_numerics(ops.varlen_fwd, spec, inputs)
+    result.update(delta(before, stats(ops)))
+    rule = two_calls(ops, spec, inputs)
+    for value in ("1", "0"):
+        os.environ[sm70_cases.DECODE_ENV] = value
+        forced = two_calls(ops, spec, inputs)
+        result[f"identical_to_{value}"] = bitwise(rule[0], forced[0]) and bitwise(rule[1], forced[1])
+    return result
 
 
 def scenario_split_graph(ops, spec, inputs) -> dict:
@@ -451,6 +470,7 @@ def main(argv) -> int:
             "decode_split": lambda o, sp, x: scenario_decode_split(o, sp, x, int(raw["splits"])),
             "split_oom": scenario_split_oom,
             "corrupt_graph": scenario_corrupt_graph,
+            "decode_rule": scenario_decode_rule,
         }[scenario](ops, spec, inputs)
     if profile:
         result["profile_written"] = {

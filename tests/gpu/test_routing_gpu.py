@@ -213,6 +213,59 @@ def test_decode_split_fills_one_wave_of_the_kernels_slots(gpu_build, sms, kv, sp
     assert r["ok"] and r["identical_to_given"], r
 
 
+# --- The decode kernel's built-in rule (issue 24; patch 0004's routing::decode_kernel_rule) ----------
+
+DECODE = "sm70-decode"
+# (id, spec, call overrides, route): FA2PATCH_SM70_DECODE unset, routing's SM count forced to 80 (a
+# V100-SXM2: the exact route holds 80 CTAs at once at head dims 128 and 256). K/V bytes per exact-route
+# wave against the bound of the call's rows and head dim (fa2patch.model.decode_route.RULE_MIB).
+DECODE_RULE = [
+    # 3 sequences, 6/1 x 256, 4,000 keys at most: 12 MB in one wave, bound 32 MiB
+    (
+        "batch-6-1-d256-paged16",
+        {"seqlens": [[1, 300], [1, 17], [1, 4000]], "hq": 6, "hkv": 1, "d": 256, "page_size": 16},
+        {},
+        DECODE,
+    ),
+    ("6-1-d256-40000-keys", {"seqlens": [[1, 40000]], "hq": 6, "hkv": 1, "d": 256}, {}, EXACT),  # 41 MB
+    # the host-side max_seqlen_k decides (as in a captured graph), not the keys the sequence has
+    ("max-seqlen-k-decides", {"seqlens": [[1, 300]], "hq": 6, "hkv": 1, "d": 256}, {"max_seqlen_k": 40000}, EXACT),
+    (
+        "window-6-rows-unswapped",
+        {"seqlens": [[1, 3000], [1, 40]], "hq": 6, "hkv": 1, "d": 128, "window": [256, 0]},
+        {},
+        DECODE,
+    ),
+    ("mha-d128-4000-keys", {"seqlens": [[1, 4000]], "hq": 2, "hkv": 2, "d": 128}, {}, DECODE),  # 4.1 MB, bound 4 MiB
+    ("mha-d128-5000-keys", {"seqlens": [[1, 5000]], "hq": 2, "hkv": 2, "d": 128}, {}, EXACT),
+    # 64 sequences x 8 KV heads: 512 CTAs, 7 waves; 134 MB (19 MB a wave) in, 268 MB (38 MB a wave) out
+    (
+        "64-seqs-32-8-d128-512-keys",
+        {"seqlens": [[1, 512]] * 64, "hq": 32, "hkv": 8, "d": 128, "page_size": 16},
+        {},
+        DECODE,
+    ),
+    (
+        "64-seqs-32-8-d128-1024-keys",
+        {"seqlens": [[1, 1024]] * 64, "hq": 32, "hkv": 8, "d": 128, "page_size": 16},
+        {},
+        EXACT,
+    ),
+    ("12-rows-row-blocks", {"seqlens": [[1, 300]], "hq": 12, "hkv": 1, "d": 128}, {}, EXACT),  # rule: 8 rows at most
+    ("speculative-q2", {"seqlens": [[2, 300]], "hq": 4, "hkv": 2, "d": 64}, {}, EXACT),  # rule: one query row
+]
+
+
+@pytest.mark.parametrize("name,spec,override,route", DECODE_RULE, ids=[t[0] for t in DECODE_RULE])
+def test_decode_rule_sends_small_decode_calls_to_the_decode_kernel(gpu_build, name, spec, override, route):
+    """With its switch unset the decode kernel takes exactly the calls the rule admits: route_stats
+    counts the route, the call meets the contract, and out and LSE are bitwise the same call's with the
+    switch at "1" (decode kernel) or "0" (exact route), whichever the rule chose."""
+    r = run(gpu_build, "decode_rule", {**spec, "causal": True, "seed": 13}, override=override, sms=80)
+    assert r["routes"] == {route: 1} and r["ok"], r
+    assert r["identical_to_1" if route == DECODE else "identical_to_0"], r
+
+
 # --- Routing profiles (issue 17 item 5; spec: the routing profile format 1) --------------------------
 
 PROFILE_ENV = "FA2PATCH_ROUTING_PROFILE"

@@ -435,3 +435,17 @@ def test_decode_kernel_constants_are_the_models(real_workspace):
     assert split and int(split[1]) == int(split[2]) == decode_route.SPLIT_KEYS
     routing = (real_workspace / "csrc/flash_attn/fa2patch/routing.cpp").read_text()
     assert f"kDecodeKeysPerSplit = {decode_route.SPLIT_KEYS};" in routing
+    # The built-in rule: its bytes table (MiB by row class and head dim) and its row classes.
+    table = re.search(r"kDecodeRuleBytes\[(\d+)\]\[(\d+)\] = \{(.+?)\};", routing, re.S)
+    assert table, "routing.cpp: no kDecodeRuleBytes table"
+    mib = tuple(
+        tuple(int(x) for x in re.findall(r"(\d+) \* kMiB", row)) for row in re.findall(r"\{([^{}]+)\}", table[3])
+    )
+    assert mib == decode_route.RULE_MIB
+    assert (int(table[1]), int(table[2])) == (len(decode_route.RULE_ROWS), len(decode_route.RULE_DIMS))
+    classes = re.search(r"call\.rows == 1 \? 0 : call\.rows <= (\d+) \? 1 : call\.rows <= (\d+) \? 2 : 3;", routing)
+    limit = re.search(r"call\.rows > (\d+)", routing)
+    assert classes and limit, "routing.cpp: decode_kernel_rule's row classes not found"
+    assert (1, int(classes[1]), int(classes[2]), int(limit[1])) == decode_route.RULE_ROWS
+    dims = re.search(r"call\.head_dim <= (\d+) \? 0 : call\.head_dim <= (\d+) \? 1 : 2;", routing)
+    assert dims and (int(dims[1]), int(dims[2])) == decode_route.RULE_DIMS[:2]

@@ -32,6 +32,12 @@ KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 # and the most a call may have (kMaxRows: row blocks of CTA_ROWS).
 THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
 CTA_ROWS, MAX_ROWS = 8, 16
+# Patch 0004's built-in rule (routing.cpp decode_kernel_rule, kDecodeRuleBytes; a CPU test reads it
+# from the series and tests/model/test_decode_rule.py checks each bound on this model): one query
+# row per sequence, rows in a class below (the upper ends: 1, 2-4, 5-6, 7-8), and K/V bytes per wave
+# of the exact route's CTAs at most RULE_MIB[row class][head dim's index in RULE_DIMS] MiB.
+RULE_ROWS, RULE_DIMS = (1, 4, 6, 8), (64, 128, 256)
+RULE_MIB = ((64, 4, 4), (32, 32, 32), (16, 32, 32), (16, 16, 16))
 
 
 def instantiation(name: str) -> tuple[int, int] | None:
@@ -137,3 +143,24 @@ def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
     )
     plan = {"splits": n, "keys_per_split": per, "rows": shape.hq // shape.hkv, "row_blocks": blocks}
     return forward, {**plan, "combine_bytes": partials + q_bytes if n > 1 else 0}
+
+
+def rule_bound(rows: int, head_dim: int) -> int | None:
+    """The K/V bytes per exact-route wave up to which the built-in rule sends a decode call of ``rows``
+    rows per KV head at ``head_dim`` to the decode kernel; None: it never does."""
+    if head_dim not in RULE_DIMS or not 1 <= rows <= RULE_ROWS[-1]:
+        return None
+    row_class = next(i for i, top in enumerate(RULE_ROWS) if rows <= top)
+    return RULE_MIB[row_class][RULE_DIMS.index(head_dim)] << 20
+
+
+def rule_takes(shape: Shape, exact_slots: int) -> bool:
+    """Whether the built-in rule sends ``shape`` to the decode kernel, on a device whose exact route
+    holds ``exact_slots`` CTAs at once (SMs x its CTAs per SM): its K/V bytes over the waves of the
+    exact route's b x KV heads CTAs within rule_bound."""
+    if shape.q != 1 or shape.decode or shape.hkv < 1 or shape.hq % shape.hkv:
+        return False
+    bound = rule_bound(shape.hq // shape.hkv, shape.d)
+    ctas = shape.b * shape.hkv
+    waves = -(-ctas // max(1, exact_slots))
+    return bound is not None and ctas * shape.kv * shape.d * 4 <= bound * waves
