@@ -77,3 +77,21 @@ def test_rule_bounds_are_separated_on_the_model(built_sm70, sms):
                 assert versus(decode, exact, "vs")["vs_verdict"] == "faster", shape.label
                 checked.append(decode_route.rule_bound(top, d))
     assert len(checked) == 5 * len(decode_route.RULE_DIMS) * len(FACTORS) and None not in checked
+
+
+def test_report_marks_the_rules_choice(built_sm70):
+    """report's decode rows say whether the built-in rule takes the call (JSON builtin_rule, text
+    "(rule)"): 32/8 x 128 at 2,048 keys (32 MiB, one wave) is taken, at 131,072 keys it is not."""
+    from fa2patch.model.calibration import calibrate
+    from fa2patch.model.report import predict_routes
+    from fa2patch.model.v100model import Card, load_v100
+
+    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
+    rows = real_rows(artifact)
+    v100 = load_v100()
+    cal = calibrate(v100)
+    for kv, taken in ((2048, True), (131072, False)):
+        preds = predict_routes(decode_shape(4, 128, 1, 8, kv), rows, Card(80, 1530), v100, cal, artifact)
+        decode = next(p for p in preds if p["route"] == DECODE)
+        assert decode["builtin_rule"] is taken
+        assert all("builtin_rule" not in p for p in preds if p["route"] != DECODE)

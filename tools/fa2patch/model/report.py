@@ -363,15 +363,16 @@ def predict_routes(
     dense = predict(shape, rows, card, v100, calibration, artifact)
     gqa = predict_gqa(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     out = [dense] + ([{**gqa, **versus(gqa, dense, "vs_dense")}] if gqa else [])
+    kernel = dense_kernel(shape, rows, artifact)
     decode = predict_decode(shape, rows, card, v100, calibration)
-    if decode is not None:
-        out.append({**decode, **versus(decode, dense, "vs_dense")})
+    if decode is not None:  # builtin_rule: whether routing sends it there with FA2PATCH_SM70_DECODE unset
+        rule = decode_route.rule_takes(shape, card.sms * kernel["occupancy"]["blocks_per_sm"])
+        out.append({**decode, **versus(decode, dense, "vs_dense"), "builtin_rule": rule})
     split_batch = predict_per_request(shape, rows, card, v100, calibration, gqa_plans or {}, artifact)
     if split_batch is not None:
         out.append({**split_batch, **versus(split_batch, dense, "vs_dense")})
     # Split and unsplit are one kernel: their ratio under every held-out fit (ranges.versus_one_kernel).
     sets = [Calibration(**x) for x in held_out_parameters(calibration)]
-    kernel = dense_kernel(shape, rows, artifact)
     theirs = route_timer(dense_launches(shape, kernel, card)[0], card, v100)
     for n in splits:
         split = predict_split(shape, rows, card, v100, calibration, artifact, n)

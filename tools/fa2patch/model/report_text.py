@@ -82,7 +82,8 @@ def render(result: dict) -> str:
             + header_text(cal)
             + " vs dense / vs long-prefill: that route's calibrated time over this one's (> 1: this one is "
             "faster), and whether their ranges separate; split-KV against the unsplit exact route (one kernel) "
-            "by their ratio under every held-out fit against the class's leave-one-out margin. JSON floor_ms: "
+            "by their ratio under every held-out fit against the class's leave-one-out margin. (rule): the "
+            f"decode kernel takes the call by routing's built-in rule ({routes.DECODE_ENV} unset). JSON floor_ms: "
             "any tensor-core kernel doing the useful FLOPs at full tensor duty.",
         ]
         lines.append(
@@ -90,7 +91,7 @@ def render(result: dict) -> str:
                 [
                     [
                         p["label"],
-                        p["route"],
+                        p["route"] + (" (rule)" if p.get("builtin_rule") else ""),
                         p["plan"].get("splits", 1),
                         f"{p['bound_ms']:.3f}",
                         _num(p["tflops_upper_bound"]),
