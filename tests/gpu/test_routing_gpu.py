@@ -252,6 +252,7 @@ DECODE_RULE = [
         EXACT,
     ),
     ("12-rows-row-blocks", {"seqlens": [[1, 300]], "hq": 12, "hkv": 1, "d": 128}, {}, EXACT),  # rule: 8 rows at most
+    ("softcap-stays-exact", {"seqlens": [[1, 300], [1, 17]], "hq": 6, "hkv": 1, "d": 256, "softcap": 30.0}, {}, EXACT),
     ("speculative-q2", {"seqlens": [[2, 300]], "hq": 4, "hkv": 2, "d": 64}, {}, EXACT),  # rule: one query row
 ]
 

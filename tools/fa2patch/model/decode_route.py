@@ -33,9 +33,10 @@ KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
 CTA_ROWS, MAX_ROWS = 8, 16
 # Patch 0004's built-in rule (routing.cpp decode_kernel_rule, kDecodeRuleBytes; a CPU test reads it
-# from the series and tests/model/test_decode_rule.py checks each bound on this model): one query
-# row per sequence, rows in a class below (the upper ends: 1, 2-4, 5-6, 7-8), and K/V bytes per wave
-# of the exact route's CTAs at most RULE_MIB[row class][head dim's index in RULE_DIMS] MiB.
+# from the series and tests/model/test_decode_rule.py checks each bound on this model): no softcap or
+# ALiBi (the model times the plain key loop; a Shape has neither), one query row per sequence, rows
+# in a class below (the upper ends: 1, 2-4, 5-6, 7-8), and K/V bytes per wave of the exact route's
+# CTAs at most RULE_MIB[row class][head dim's index in RULE_DIMS] MiB.
 RULE_ROWS, RULE_DIMS = (1, 4, 6, 8), (64, 128, 256)
 RULE_MIB = ((64, 4, 4), (32, 32, 32), (16, 32, 32), (16, 16, 16))
 
