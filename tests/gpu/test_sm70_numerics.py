@@ -249,11 +249,11 @@ case(
     "decode", "contig-window-32-0", seqlens=[(1, 1), (1, 77), (1, 256)], hq=8, hkv=2, d=128, causal=True, window=[32, 0]
 )
 
-# The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1 until its lab run; the harness
-# sets it for ``decode_kernel``): every unsplit call of at most 16 rows per KV head (max_seqlen_q x
-# the group: one query row per sequence, or speculative decoding's few) at head dim 64/128/256 takes
-# it (route_stats counts it; 9-16 rows as two row blocks); more rows and other head dims keep the
-# exact route. Each case runs twice: bitwise the same.
+# The decode kernel (patch 0002, switched on by FA2PATCH_SM70_DECODE=1, which the harness sets for
+# ``decode_kernel``; the built-in rule: test_routing_gpu's decode_rule): every unsplit call of at
+# most 16 rows per KV head (max_seqlen_q x the group: one query row per sequence, or speculative
+# decoding's few) at head dim 64/128/256 takes it (route_stats counts it; 9-16 rows as two row
+# blocks); more rows and other head dims keep the exact route. Each case runs twice: bitwise the same.
 LENGTHS = [(1, n) for n in (1, 2, 15, 16, 17, 31, 32, 33, 127, 128, 129, 300, 513, 4097)]
 
 

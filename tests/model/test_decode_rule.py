@@ -44,20 +44,26 @@ def test_rule_bound_is_per_wave_of_the_exact_route():
 FACTORS = [(1, 1), (4, 1), (1, 8), (16, 8)]
 
 
-@pytest.mark.parametrize("sms", [72, 80])
-def test_rule_bounds_are_separated_on_the_model(built_sm70, sms):
-    """Each instantiation's class at its bound (the largest K/V it admits, for several batch x KV
-    head splits):
-    the decode kernel's calibrated range lies wholly below the exact route's."""
+@pytest.fixture(scope="module")
+def model(built_sm70):
+    """The shipped build's report rows, the V100 card data and the calibration: (artifact, rows, v100, cal)."""
     from fa2patch.model.calibration import calibrate
-    from fa2patch.model.ranges import versus
-    from fa2patch.model.report import dense_kernel, predict, predict_decode
-    from fa2patch.model.v100model import Card, load_v100
+    from fa2patch.model.v100model import load_v100
 
     artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    rows = real_rows(artifact)
     v100 = load_v100()
-    cal = calibrate(v100)
+    return artifact, real_rows(artifact), v100, calibrate(v100)
+
+
+@pytest.mark.parametrize("sms", [72, 80])
+def test_rule_bounds_are_separated_on_the_model(model, sms):
+    """Each instantiation's class at its bound (the largest K/V it admits, for several batch x KV
+    head splits): the decode kernel's calibrated range lies wholly below the exact route's."""
+    from fa2patch.model.ranges import versus
+    from fa2patch.model.report import dense_kernel, predict, predict_decode
+    from fa2patch.model.v100model import Card
+
+    artifact, rows, v100, cal = model
     card = Card(sms, 1530)
     checked = []
     for top in (1, 2, 4, 6, 8):  # the kernel's instantiations; 3, 5 and 7 rows run those of 4, 6 and 8
@@ -79,17 +85,13 @@ def test_rule_bounds_are_separated_on_the_model(built_sm70, sms):
     assert len(checked) == 5 * len(decode_route.RULE_DIMS) * len(FACTORS) and None not in checked
 
 
-def test_report_marks_the_rules_choice(built_sm70):
+def test_report_marks_the_rules_choice(model):
     """report's decode rows say whether the built-in rule takes the call (JSON builtin_rule, text
     "(rule)"): 32/8 x 128 at 2,048 keys (32 MiB, one wave) is taken, at 131,072 keys it is not."""
-    from fa2patch.model.calibration import calibrate
     from fa2patch.model.report import predict_routes
-    from fa2patch.model.v100model import Card, load_v100
+    from fa2patch.model.v100model import Card
 
-    artifact = built_sm70 / "_vllm_fa2_C.abi3.so"
-    rows = real_rows(artifact)
-    v100 = load_v100()
-    cal = calibrate(v100)
+    artifact, rows, v100, cal = model
     for kv, taken in ((2048, True), (131072, False)):
         preds = predict_routes(decode_shape(4, 128, 1, 8, kv), rows, Card(80, 1530), v100, cal, artifact)
         decode = next(p for p in preds if p["route"] == DECODE)

@@ -8,9 +8,10 @@ EXACT = "sm70-dense"
 # The exact route with split-KV (patch 0004): a route_stats() and report name; a routing profile's
 # decision names it as EXACT with "splits".
 SPLITKV = "sm70-dense-splitkv"
-# The decode kernel (patch 0002) in the exact kernel's place for calls of one query row per sequence,
-# while FA2PATCH_SM70_DECODE=1 (off until its lab run): a route_stats() name, and a build_info() route
-# reached through varlen_fwd with that switch (bench times it so).
+# The decode kernel (patch 0002) in the exact kernel's place for calls of one query row per sequence
+# (or a few) where patch 0004's rule (the switch unset) or FA2PATCH_SM70_DECODE=1 sends them: a
+# route_stats() name, and a build_info() route reached through varlen_fwd with the switch at 1 (bench
+# times it so).
 DECODE = "sm70-decode"
 DECODE_ENV = "FA2PATCH_SM70_DECODE"
 # The long-prefill route (patch 0003): gqa_prefill_fwd, and varlen_fwd where routing picks it.

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""The decode kernel's launches (sm70-decode, patch 0002; taken while FA2PATCH_SM70_DECODE=1), as the
-extension runs a call of one query row per sequence (docs/report-model.md, "The decode kernel").
+"""The decode kernel's launches (sm70-decode, patch 0002; where routing's rule or FA2PATCH_SM70_DECODE=1
+sends a call), as the extension runs a call of one query row per sequence (docs/report-model.md, "The decode kernel").
 
 - **Its SASS** (``key_loop``, ``outside``; report.kernel_rows times them): no tensor cores, so no
   HMMA hot loop; its key loop is the loop holding the maxima's butterfly (SHFL.BFLY) and two inner

@@ -273,7 +273,7 @@ def decode_launches(shape: Shape, kernel: dict, sms: int) -> tuple[list, dict]:
 
 
 def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict) -> dict | None:
-    """The decode kernel (sm70-decode, taken while FA2PATCH_SM70_DECODE=1) where it takes ``shape``."""
+    """The decode kernel (sm70-decode: FA2PATCH_SM70_DECODE=1, or routing's rule) where it can take ``shape``."""
     kernel = decode_route.kernel_for(shape, kernels)
     if kernel is None:
         return None
