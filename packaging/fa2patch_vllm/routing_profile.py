@@ -29,14 +29,17 @@ from typing import Any
 
 ENV = "FA2PATCH_ROUTING_PROFILE"
 FORMAT = "fa2patch-routing-profile/1"
-EXACT, GQA = "sm70-dense", "sm70-gqa-prefill"  # the names a decision may carry (build_info()'s routes)
-ROUTES = (EXACT, GQA)
+# The names a decision may carry (build_info()'s routes); a decision's route is also its kernel:
+# sm70-decode the decode kernel, sm70-dense the exact kernel.
+EXACT, DECODE, GQA = "sm70-dense", "sm70-decode", "sm70-gqa-prefill"
+ROUTES = (EXACT, DECODE, GQA)
 TOP_LEVEL = {"format", "device", "extension_sha256", "software", "clocks_seen", "measured", "decisions"}
 REQUIRED = ("format", "device", "extension_sha256", "decisions")
 DEVICE_KEYS = ("name", "sms", "capability")
-DECISION_KEYS = {"group", "head_dim", "q", "kv", "route", "splits"}
+DECISION_KEYS = {"group", "head_dim", "q", "kv", "batch", "route", "splits"}  # batch and splits optional
 MAX_SPLITS = 16
 MAX_HEAD_DIM, MAX_GROUP, MAX_SMS, MAX_RANGE_END = 256, 1 << 16, 1 << 20, 1 << 62
+ALL_BATCHES = (1, MAX_RANGE_END)  # a decision without "batch": any number of sequences
 
 
 class ProfileRefused(ValueError):
@@ -104,11 +107,13 @@ def _decision(d: Any, where: str) -> None:
     for key, high in (("group", MAX_GROUP), ("head_dim", MAX_HEAD_DIM)):
         if not _int(d.get(key), 1, high):
             raise ProfileRefused("bad_field", f"{where}.{key}: expected an integer 1..{high}, actual {d.get(key)!r}")
-    for key in ("q", "kv"):
+    for key, low in (("q", 0), ("kv", 0), ("batch", 1)):
+        if key == "batch" and key not in d:
+            continue
         r = d.get(key)
-        if not (isinstance(r, list) and len(r) == 2 and all(_int(x, 0, MAX_RANGE_END) for x in r) and r[0] < r[1]):
+        if not (isinstance(r, list) and len(r) == 2 and all(_int(x, low, MAX_RANGE_END) for x in r) and r[0] < r[1]):
             raise ProfileRefused(
-                "bad_field", f"{where}.{key}: expected [lo, hi] integers with 0 <= lo < hi <= 2^62, actual {r!r}"
+                "bad_field", f"{where}.{key}: expected [lo, hi] integers with {low} <= lo < hi <= 2^62, actual {r!r}"
             )
     route = d.get("route")
     if not isinstance(route, str):
@@ -181,11 +186,11 @@ def check_file(path: str | os.PathLike, device: dict | None = None, sha256: str 
 
 
 def flat_decisions(doc: dict) -> tuple[list[int], list[str]]:
-    """The decisions as set_routing_profile takes them: 7 integers each (group, head_dim, q lo, q hi,
-    kv lo, kv hi, splits) and the routes."""
+    """The decisions as set_routing_profile takes them: 9 integers each (group, head_dim, q lo, q hi,
+    kv lo, kv hi, batch lo, batch hi, splits; no batch: every batch) and the routes."""
     ints: list[int] = []
     for d in doc["decisions"]:
-        ints += [d["group"], d["head_dim"], *d["q"], *d["kv"], d.get("splits", 1)]
+        ints += [d["group"], d["head_dim"], *d["q"], *d["kv"], *d.get("batch", ALL_BATCHES), d.get("splits", 1)]
     return ints, [d["route"] for d in doc["decisions"]]
 
 

@@ -23,6 +23,7 @@ FORMAT = "fa2patch-routing-profile/1"
 DEVICE = {"name": "Tesla V100-SXM2-32GB", "sms": 80, "capability": [7, 0]}
 SHA = "5e" * 32
 DECISIONS = [
+    {"group": 6, "head_dim": 256, "q": [1, 2], "kv": [0, 45000], "batch": [3, 23], "route": "sm70-decode"},
     {"group": 6, "head_dim": 256, "q": [1024, 2048], "kv": [16384, 1048576], "route": "sm70-gqa-prefill"},
     {"group": 6, "head_dim": 256, "q": [2048, 8192], "kv": [32768, 1048576], "route": "sm70-dense", "splits": 3},
     {"group": 6, "head_dim": 256, "q": [2048, 8192], "kv": [0, 32768], "route": "sm70-dense"},
@@ -60,13 +61,29 @@ def edited(edit) -> str:
 
 
 def d0(f):
+    return lambda doc: f(doc["decisions"][1])  # the long-prefill decision
+
+
+def d_decode(f):
     return lambda doc: f(doc["decisions"][0])
 
 
 def test_the_reader_and_fa2patch_name_the_same_routes():
-    from fa2patch.common.routes import EXACT, GQA
+    from fa2patch.common.routes import DECODE, EXACT, GQA
 
-    assert reader.ROUTES == (EXACT, GQA) and reader.FORMAT == FORMAT
+    assert reader.ROUTES == (EXACT, DECODE, GQA) and reader.FORMAT == FORMAT
+
+
+def test_decisions_are_handed_over_as_nine_integers_each():
+    """set_routing_profile's order (profile.h): group, head_dim, q, kv, batch (absent: 1 to 2^62), splits."""
+    ints, routes = reader.flat_decisions(document())
+    assert routes == ["sm70-decode", "sm70-gqa-prefill", "sm70-dense", "sm70-dense"]
+    assert ints == [
+        *[6, 256, 1, 2, 0, 45000, 3, 23, 1],
+        *[6, 256, 1024, 2048, 16384, 1048576, 1, 1 << 62, 1],
+        *[6, 256, 2048, 8192, 32768, 1048576, 1, 1 << 62, 3],
+        *[6, 256, 2048, 8192, 0, 32768, 1, 1 << 62, 1],
+    ]
 
 
 @pytest.mark.parametrize(
@@ -113,37 +130,49 @@ REFUSED = {
     "unknown-decision-key": (
         edited(d0(lambda d: d.update(split=3))),
         "unknown_key",
-        ["decisions[0]: unknown key(s) split"],
+        ["decisions[1]: unknown key(s) split"],
     ),
-    "q-reversed": (edited(d0(lambda d: d.update(q=[2048, 1024]))), "bad_field", ["decisions[0].q", "[2048, 1024]"]),
-    "q-empty": (edited(d0(lambda d: d.update(q=[5, 5]))), "bad_field", ["decisions[0].q", "[5, 5]"]),
-    "q-float": (edited(d0(lambda d: d.update(q=[1024.0, 2048]))), "bad_field", ["decisions[0].q", "[1024.0, 2048]"]),
-    "kv-negative": (edited(d0(lambda d: d.update(kv=[-1, 5]))), "bad_field", ["decisions[0].kv", "[-1, 5]"]),
-    "kv-three": (edited(d0(lambda d: d.update(kv=[0, 5, 9]))), "bad_field", ["decisions[0].kv", "[0, 5, 9]"]),
+    "q-reversed": (edited(d0(lambda d: d.update(q=[2048, 1024]))), "bad_field", ["decisions[1].q", "[2048, 1024]"]),
+    "q-empty": (edited(d0(lambda d: d.update(q=[5, 5]))), "bad_field", ["decisions[1].q", "[5, 5]"]),
+    "q-float": (edited(d0(lambda d: d.update(q=[1024.0, 2048]))), "bad_field", ["decisions[1].q", "[1024.0, 2048]"]),
+    "kv-negative": (edited(d0(lambda d: d.update(kv=[-1, 5]))), "bad_field", ["decisions[1].kv", "[-1, 5]"]),
+    "kv-three": (edited(d0(lambda d: d.update(kv=[0, 5, 9]))), "bad_field", ["decisions[1].kv", "[0, 5, 9]"]),
     "kv-beyond-2^62": (edited(d0(lambda d: d.update(kv=[0, 1 << 63]))), "bad_field", ["2^62"]),
-    "group-zero": (edited(d0(lambda d: d.update(group=0))), "bad_field", ["decisions[0].group", "actual 0"]),
-    "group-bool": (edited(d0(lambda d: d.update(group=True))), "bad_field", ["decisions[0].group", "actual True"]),
+    "group-zero": (edited(d0(lambda d: d.update(group=0))), "bad_field", ["decisions[1].group", "actual 0"]),
+    "group-bool": (edited(d0(lambda d: d.update(group=True))), "bad_field", ["decisions[1].group", "actual True"]),
     "head-dim-300": (
         edited(d0(lambda d: d.update(head_dim=300))),
         "bad_field",
-        ["decisions[0].head_dim: expected an integer 1..256, actual 300"],
+        ["decisions[1].head_dim: expected an integer 1..256, actual 300"],
     ),
     "head-dim-string": (edited(d0(lambda d: d.update(head_dim="256"))), "bad_field", ["actual '256'"]),
     "splits-17": (
-        edited(lambda doc: doc["decisions"][1].update(splits=17)),
+        edited(lambda doc: doc["decisions"][2].update(splits=17)),
         "bad_field",
-        ["decisions[1].splits: expected an integer 1..16, actual 17"],
+        ["decisions[2].splits: expected an integer 1..16, actual 17"],
     ),
-    "splits-0": (edited(lambda doc: doc["decisions"][1].update(splits=0)), "bad_field", ["actual 0"]),
+    "splits-0": (edited(lambda doc: doc["decisions"][2].update(splits=0)), "bad_field", ["actual 0"]),
     "splits-with-long-prefill": (
         edited(d0(lambda d: d.update(splits=2))),
         "bad_field",
-        ["decisions[0].splits: allowed only with route 'sm70-dense'"],
+        ["decisions[1].splits: allowed only with route 'sm70-dense'"],
     ),
+    "splits-with-decode": (
+        edited(d_decode(lambda d: d.update(splits=2))),
+        "bad_field",
+        ["decisions[0].splits: allowed only with route 'sm70-dense'", "not 'sm70-decode'"],
+    ),
+    "batch-from-0": (
+        edited(d_decode(lambda d: d.update(batch=[0, 23]))),
+        "bad_field",
+        ["decisions[0].batch: expected [lo, hi] integers with 1 <= lo < hi", "actual [0, 23]"],
+    ),
+    "batch-reversed": (edited(d_decode(lambda d: d.update(batch=[23, 3]))), "bad_field", ["batch", "[23, 3]"]),
+    "batch-number": (edited(d_decode(lambda d: d.update(batch=8))), "bad_field", ["decisions[0].batch", "actual 8"]),
     "unknown-route": (
         edited(d0(lambda d: d.update(route="sm70-fast"))),
         "unknown_route",
-        ["'sm70-fast' is not one of sm70-dense, sm70-gqa-prefill"],
+        ["'sm70-fast' is not one of sm70-dense, sm70-decode, sm70-gqa-prefill"],
     ),
     "decisions-not-array": (json.dumps(document(decisions={})), "bad_field", ["decisions: expected an array"]),
     "missing-decisions": (edited(lambda doc: doc.pop("decisions")), "bad_field", ["missing decisions"]),
@@ -175,7 +204,7 @@ def test_a_bad_profile_is_refused_whole_with_its_reason(tmp_path, name):
 def test_python_json_alone_would_take_what_the_reader_refuses():
     """The strictness is the reader's own: plain json.loads accepts NaN and duplicate keys."""
     assert json.loads(REFUSED["duplicate-key"][0])["format"] == "x"
-    assert math.isnan(json.loads(REFUSED["nan"][0])["decisions"][0]["group"])
+    assert math.isnan(json.loads(REFUSED["nan"][0])["decisions"][1]["group"])
 
 
 @pytest.mark.parametrize(
@@ -244,8 +273,10 @@ ops = torch.ops._vllm_fa2_C
 out = {"path": ops.extension_path(), "before": json.loads(ops.route_stats())["profile"]}
 for key, path in json.loads(sys.stdin.read()):
     out[key] = {"install": routing_profile.install(path or None), "stats": json.loads(ops.route_stats())["profile"]}
-for key, args in [("short", [[1, 2, 3], ["sm70-dense"]]), ("route", [[6, 256, 0, 2, 0, 2, 1], ["sm70-fast"]]),
-                  ("splits", [[6, 256, 0, 2, 0, 2, 2], ["sm70-gqa-prefill"]])]:
+for key, args in [("short", [[6, 256, 0, 2, 0, 2, 1], ["sm70-dense"]]),
+                  ("route", [[6, 256, 0, 2, 0, 2, 1, 2, 1], ["sm70-fast"]]),
+                  ("splits", [[6, 256, 0, 2, 0, 2, 1, 2, 2], ["sm70-decode"]]),
+                  ("batch", [[6, 256, 0, 2, 0, 2, 0, 2, 1], ["sm70-decode"]])]:
     try:
         ops.set_routing_profile("x.json", "V100", 80, 7, 0, *args)
         out[key] = "accepted"
@@ -288,7 +319,7 @@ def test_a_checked_profile_is_installed_and_waits_for_a_device(handed_over):
     # Set in the environment, not yet installed: named, not read (a device binds it at its first call).
     assert out["before"] == {"path": path, "status": "not read yet"}
     for key in ("env", "good", "good-again"):  # install() without a path reads the variable
-        assert out[key]["install"] == {"path": path, "status": "installed", "decisions": 3}, out[key]
+        assert out[key]["install"] == {"path": path, "status": "installed", "decisions": len(DECISIONS)}, out[key]
         assert out[key]["stats"] == {"path": path, "status": "not read yet"}, out[key]
 
 
@@ -302,9 +333,10 @@ def test_a_refused_profile_is_handed_over_with_its_reason(handed_over, key, reas
 
 def test_set_routing_profile_refuses_arguments_that_make_no_profile(handed_over):
     out, _, _ = handed_over
-    assert out["short"].startswith("ValueError: set_routing_profile: 7 integers per decision"), out["short"]
+    assert out["short"].startswith("ValueError: set_routing_profile: 9 integers per decision"), out["short"]
     assert out["route"].startswith('ValueError: set_routing_profile: decision 0: route "sm70-fast"'), out["route"]
     assert "above 1 only with sm70-dense" in out["splits"], out["splits"]
+    assert "1 <= batch lo < batch hi" in out["batch"], out["batch"]
 
 
 def test_route_stats_without_a_profile_is_null(built_sm70):

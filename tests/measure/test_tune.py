@@ -16,9 +16,19 @@ import sys
 import pytest
 
 from fa2patch.common.errors import EnvironmentProblem
-from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.common.routes import DECODE, DECODE_ENV, EXACT, GQA, SPLITKV
 from fa2patch.measure import profile, tune, tune_plan, tune_worker
-from fa2patch.measure.tune_plan import ModelHeads, RankHeads, chunk_plan, grid_points, kv_points, per_rank, q_points
+from fa2patch.measure.tune_plan import (
+    ModelHeads,
+    RankHeads,
+    chunk_plan,
+    decode_kv_points,
+    decode_points,
+    grid_points,
+    kv_points,
+    per_rank,
+    q_points,
+)
 from helpers import REPO
 
 # --- config.json ---------------------------------------------------------------------------------
@@ -203,6 +213,23 @@ def test_every_grid_point_is_a_chunk_vllm_runs(chunk, max_len):
         assert all(b <= a * math.sqrt(2) + chunk for a, b in itertools.pairwise(kvs))
 
 
+def test_decode_kv_points_double_from_256_to_the_longest():
+    assert decode_kv_points(131072) == [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    assert decode_kv_points(1000) == [256, 512, 1000]
+    assert decode_kv_points(256) == [256]
+
+
+def test_decode_points_stop_at_the_kv_budget():
+    # 6/1 x 256: 1 KV head x 256 x 4 = 1 KiB per key and sequence; 4 GiB holds B x KV = 2^22.
+    six = decode_points(RankHeads(6, 1, 256), 131072, (64, 1))
+    assert [kv for kv, b in six if b == 1] == decode_kv_points(131072)
+    assert [kv for kv, b in six if b == 64][-1] == 65536  # 64 x 65,536 = 2^22 exactly; 131,072 is over
+    assert six == sorted(six, key=lambda p: (p[1], p[0]))  # by B, then KV
+    # 32/8 x 128: 8 x 128 x 4 = 4 KiB; at B = 64 up to 2^22 / 4 = 16,384 keys
+    assert max(kv for kv, b in decode_points(RankHeads(32, 8, 128), 32768, (64,))) == 16384
+    assert decode_points(RankHeads(6, 1, 256), 131072, ()) == []
+
+
 # --- decisions from a synthetic measured table ------------------------------------------------------
 
 
@@ -279,6 +306,40 @@ def test_decisions_merge_into_ranges():
     assert got == expected
     doc = dict(GOOD, decisions=got)
     profile.validate(doc)
+
+
+def decode_rows(kv, batch, ratio, jitter=0.001, ok=True) -> list[dict]:
+    """A decode point: the exact kernel 1 ms x kv/4096 flat, the decode kernel at ``ratio``."""
+    base = kv / 4096
+    common = {"q": 1, "kv": kv, "batch": batch, "group": 6, "head_dim": 256, "splits": 1}
+    return [
+        {**common, "route": EXACT, "times_ms": rounds(base, 1.0, 0.0), "ok": True},
+        {**common, "route": DECODE, "times_ms": rounds(base, ratio, jitter), "ok": ok},
+    ]
+
+
+def test_decode_decisions_per_batch_point_come_first():
+    table = rows_at(1024, 1024, {"gqa": (0.8, 0.001, True)})
+    table += decode_rows(256, 1, 0.5) + decode_rows(512, 1, 0.6) + decode_rows(1024, 1, 1.2)
+    table += decode_rows(256, 8, 0.7) + decode_rows(512, 8, 0.7) + decode_rows(1024, 8, 0.7, ok=False)
+    table += decode_rows(256, 64, 1.5) + decode_rows(512, 64, 0.99, jitter=0.01)  # within the spread: exact
+    got = profile.decisions(table, rows_per_cta=64, max_model_len=1024)
+    one, eight, many = [1, 3], [3, 23], [23, 1 << 62]  # B: 1, round(sqrt 8) = 3, round(sqrt 512) = 23
+    d = {"group": 6, "head_dim": 256, "q": [1, 2]}
+    assert got == [
+        # B=1: the decode kernel to sqrt(512 x 1024) = 724, then the exact kernel past --max-model-len
+        {**d, "kv": [0, 724], "batch": one, "route": DECODE},
+        {**d, "kv": [724, 1025], "batch": one, "route": EXACT},
+        # B=8: the decode kernel broke the numerics at 1024 keys: never a decision there
+        {**d, "kv": [0, 724], "batch": eight, "route": DECODE},
+        {**d, "kv": [724, 1025], "batch": eight, "route": EXACT},
+        # B=64: measured to 512 keys only (the K/V budget): no decision past sqrt(512 x 1024)
+        {**d, "kv": [0, 724], "batch": many, "route": EXACT},
+        {"group": 6, "head_dim": 256, "q": [961, 1025], "kv": [0, 1025], "route": GQA},
+    ]
+    profile.validate(dict(GOOD, decisions=got))
+    assert "B >= 23: sm70-dense" in profile.summary(dict(GOOD, decisions=got))
+    assert "Q [1, 2), KV [0, 724), B [1, 3): sm70-decode" in profile.summary(dict(GOOD, decisions=got))
 
 
 def test_q_range_is_the_exact_routes_row_block():
@@ -518,7 +579,7 @@ class FakeCall:
         self.log, self.fail = log, fail
 
     def varlen(self):
-        self.log.append(("varlen", os.environ.get(tune_worker.ENV_EXACT)))
+        self.log.append(("varlen", os.environ.get(tune_worker.ENV_EXACT), os.environ.get(DECODE_ENV)))
         if self.fail:
             raise RuntimeError("refused")
 
@@ -531,18 +592,27 @@ def test_run_route_forces_each_route():
     tune_worker.run_route(ops, EXACT, 1, FakeCall(ops.log))
     tune_worker.run_route(ops, EXACT, 3, FakeCall(ops.log))
     tune_worker.run_route(ops, GQA, 1, FakeCall(ops.log))
+    tune_worker.run_route(ops, DECODE, 1, FakeCall(ops.log))
+    tune_worker.run_route(ops, EXACT, 1, FakeCall(ops.log))
+    # the exact kernel with the decode kernel's switch at 0 (its rule must not take a decode call)
     assert ops.log == [
         ("hook", 1),
-        ("varlen", "0"),
+        ("varlen", "0", "0"),
         ("hook", 0),
         ("hook", 3),
-        ("varlen", "0"),
+        ("varlen", "0", "0"),
         ("hook", 0),
         ("gqa", None),
+        ("hook", 1),
+        ("varlen", "0", "1"),
+        ("hook", 0),
+        ("hook", 1),
+        ("varlen", "0", "0"),
+        ("hook", 0),
     ]
     bare = FakeOps(hook=False)
     tune_worker.run_route(bare, EXACT, 1, FakeCall(bare.log))
-    assert bare.log == [("varlen", "0")]
+    assert bare.log == [("varlen", "0", "0")]
 
 
 def test_run_route_restores_the_split_hook_when_the_call_fails():
@@ -595,7 +665,7 @@ def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
         }
 
     monkeypatch.setattr(report, "report", fake)
-    plan = tune.Plan(RankHeads(6, 1, 256), chunk=2048, max_model_len=4096, warmup=2, reps=7, splits=(2, 3))
+    plan = tune.Plan(RankHeads(6, 1, 256), 2048, 4096, warmup=2, reps=7, splits=(2, 3), decode_batches=())
     assert plan.points == [(2048, 2048), (2048, 4096), (1024, 1024), (1024, 3072)]
     est = tune.estimate(plan, "x.so", Card(80, 1530))
     assert asked == [(2, 3)]
@@ -608,6 +678,33 @@ def test_estimate_charges_each_route_calls_times_reports_time(monkeypatch):
     )
     assert est["per_route_seconds"][GQA] == pytest.approx(sum(10 * kv / 2000 for _, kv in plan.points) / 1000)
     assert "sm70-dense-splitkv charged at the exact route's time where report has no estimate" in est["note"]
+
+
+def test_estimate_charges_decode_points_at_both_kernels(monkeypatch):
+    import fa2patch.model.report as report
+    from fa2patch.model.v100model import Card
+
+    def fake(artifact, arch, launch, shapes, card, splits=(2, 3, 4), anchors=()):
+        return {
+            "predictions": [
+                p
+                for s in shapes
+                for p in (
+                    {"label": s.label, "route": EXACT, "plan": {"splits": 1}, "calibrated_ms": s.b * s.kv / 1000},
+                    {"label": s.label, "route": DECODE, "plan": {"splits": 1}, "calibrated_ms": s.b * s.kv / 4000},
+                )
+            ]
+        }
+
+    monkeypatch.setattr(report, "report", fake)
+    plan = tune.Plan(RankHeads(6, 1, 256), 1024, 1024, warmup=2, reps=7, splits=(), decode_batches=(1, 8))
+    assert plan.points == [(1024, 1024)] and plan.decode_points == [(kv, b) for b in (1, 8) for kv in (256, 512, 1024)]
+    est = tune.estimate(plan, "x.so", Card(80, 1530))
+    # 10 calls per route and point: the prefill point's exact route, and at each decode point both kernels
+    decode_work = sum(b * kv for kv, b in plan.decode_points)
+    assert est["per_route_seconds"][DECODE] == pytest.approx(10 * decode_work / 4000 / 1000)
+    assert est["per_route_seconds"][EXACT] == pytest.approx(10 * (1024 + decode_work) / 1000 / 1000)
+    assert "7 points" in est["note"]
 
 
 def test_no_estimate_without_an_sm70_build():
@@ -674,6 +771,7 @@ def test_tune_estimate_only_prints_the_plan(config):
     doc = json.loads(proc.stdout)
     assert doc["plan"]["heads"] == {"hq": 6, "hkv": 1, "d": 256}
     assert [tuple(p) for p in doc["plan"]["points"]] == grid_points(4096, 131072)
+    assert [tuple(p) for p in doc["plan"]["decode_points"]] == decode_points(RankHeads(6, 1, 256), 131072, (1, 8, 64))
     assert "estimate" in doc
 
 
@@ -682,6 +780,8 @@ def test_tune_usage_errors(config, tmp_path):
     assert fa2patch("tune", "--model-config", str(config), "--tp", "5", "--estimate-only").returncode == 2
     assert fa2patch("tune", "--model-config", str(config), "--splits", "1,2", "--estimate-only").returncode == 2
     assert fa2patch("tune", "--model-config", str(config), "--reps", "2", "--estimate-only").returncode == 2
+    bad = fa2patch("tune", "--model-config", str(config), "--decode-batches", "0,8", "--estimate-only")
+    assert bad.returncode == 2 and "--decode-batches" in bad.stderr and "'0,8'" in bad.stderr
 
 
 def test_tune_without_gpu_exits_3(config):
@@ -726,7 +826,7 @@ class CpuTorch:
 
     def __getattr__(self, name):
         attr = getattr(self.real, name)
-        if name in ("randn", "randperm", "tensor", "empty", "full_like", "Generator"):
+        if name in ("randn", "randperm", "tensor", "arange", "empty", "full_like", "Generator"):
 
             def cpu(*args, **kw):
                 kw.pop("device", None)
@@ -742,14 +842,16 @@ class CpuOps:
     hook select."""
 
     def __init__(self, gqa_error=5e-4, count_as=None):
-        self.splits, self.counts, self.gqa_error, self.count_as = 0, {}, gqa_error, count_as
+        self.splits, self.counts, self.gqa_error, self.count_as, self.calls = 0, {}, gqa_error, count_as, []
 
     def _routing_prefill_splits_for_testing(self, n):
         self.splits = n
 
     def varlen_fwd(self, q, k, v, out, *args):
         assert os.environ[tune_worker.ENV_EXACT] == "0"
-        name = self.count_as or (SPLITKV if self.splits > 1 else EXACT)
+        decode = os.environ[DECODE_ENV] == "1"
+        name = self.count_as or (DECODE if decode else SPLITKV if self.splits > 1 else EXACT)
+        self.calls.append((q.shape[0], tuple(args[4].shape) if decode else None))  # q rows, block table
         self.counts[name] = self.counts.get(name, 0) + 1
         out.copy_(q)
 
@@ -770,8 +872,9 @@ ROUTES = [(EXACT, 1), (EXACT, 2), (GQA, 1)]
 
 @pytest.fixture(autouse=True)
 def restore_route_env(monkeypatch):
-    """run_route sets the exact-route switch in this process: restore it after each test."""
+    """run_route sets the exact-route and decode-kernel switches in this process: restore them after each test."""
     monkeypatch.setenv(tune_worker.ENV_EXACT, "1")
+    monkeypatch.setenv(DECODE_ENV, "0")
 
 
 def test_measure_point_times_checks_and_compares():
@@ -784,6 +887,18 @@ def test_measure_point_times_checks_and_compares():
     assert rows[(EXACT, 2)]["numerics"]["max_abs"] == 0
     # warm-up 2 + 3 rounds + 1 numerics call per varlen route
     assert ops.counts == {EXACT: 6, SPLITKV: 6} and ops.splits == 0
+
+
+def test_a_decode_point_runs_batch_sequences_of_one_query_on_both_kernels(monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "1")
+    ops = CpuOps()
+    event = tune_worker.measure_point(CpuTorch(), ops, SPEC, 1, 100, [(EXACT, 1), (DECODE, 1)], None, None, 8)
+    assert (event["q"], event["kv"], event["batch"]) == (1, 100, 8)
+    assert all(r["ok"] and len(r["times_ms"]) == 3 for r in event["rows"]), event["rows"]
+    assert ops.counts == {EXACT: 6, DECODE: 6}
+    # 8 query rows; 8 sequences' pages of 16 tokens: a block table of 8 rows x ceil(100 / 16)
+    assert set(ops.calls) == {(8, None), (8, (8, 7))}
+    assert "batch" not in tune_worker.measure_point(CpuTorch(), CpuOps(), SPEC, 40, 100, ROUTES, None, None)
 
 
 def test_a_route_that_breaks_the_numerics_is_marked():

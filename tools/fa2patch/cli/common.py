@@ -60,15 +60,20 @@ python_option = click.option(
 )
 
 
+def int_set(text: str, low: int, high: int, hint: str, example: str) -> tuple[int, ...]:
+    """A comma-separated set of integers, each low..high (empty: none), sorted."""
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"expected integers like {example}, got {text!r}", param_hint=hint) from None
+    if any(not low <= x <= high for x in values):
+        raise click.BadParameter(f"each must be {low}..{high}, got {text!r}", param_hint=hint)
+    return values
+
+
 def split_counts(text: str) -> tuple[int, ...]:
     """--splits: comma-separated split counts, each 2..16 (empty: none)."""
-    try:
-        counts = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
-    except ValueError:
-        raise click.BadParameter(f"expected integers like 2,3,4, got {text!r}", param_hint="--splits") from None
-    if any(not 2 <= x <= 16 for x in counts):
-        raise click.BadParameter(f"each split count must be 2..16, got {text!r}", param_hint="--splits")
-    return counts
+    return int_set(text, 2, 16, "--splits", "2,3,4")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from fa2patch.cli.common import cli, finish, json_option, pass_ctx, split_counts
+from fa2patch.cli.common import cli, finish, int_set, json_option, pass_ctx, split_counts
 from fa2patch.common import routes
 from fa2patch.common.errors import Fa2PatchError
 
@@ -235,6 +235,12 @@ def bench(ctx, arch, routes, shapes, warmup, reps, json_file, markdown_file, as_
     help="vLLM's KV-cache block size (tokens per page; a multiple of 16)",
 )
 @click.option("--splits", default="2,3,4", show_default=True, help="split-KV counts to measure (2..16)")
+@click.option(
+    "--decode-batches",
+    default="1,8,64",
+    show_default=True,
+    help="sequences per decode call to measure the decode kernel against the exact kernel at (1..4096; empty: none)",
+)
 @click.option("--warmup", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option(
     "--reps",
@@ -283,6 +289,7 @@ def tune(
     max_model_len,
     block_size,
     splits,
+    decode_batches,
     warmup,
     reps,
     out,
@@ -313,7 +320,8 @@ def tune(
     split_list = split_counts(splits)
     if block_size % 16:
         raise click.BadParameter(f"must be a multiple of 16, got {block_size}", param_hint="--block-size")
-    plan = t.Plan(per_rank(model, tp), chunk, max_len, block_size, warmup, reps, split_list)
+    batches = int_set(decode_batches, 1, 4096, "--decode-batches", "1,8,64")
+    plan = t.Plan(per_rank(model, tp), chunk, max_len, block_size, warmup, reps, split_list, batches)
     gpu = probe_gpu()
     has_gpu = "error" not in gpu and gpu.get("cuda")
     if not has_gpu and not estimate_only:
@@ -343,7 +351,16 @@ def tune(
         )
     head = t.describe_plan(plan, model, tp) + "\n" + t.describe_estimate(est)
     if estimate_only:
-        result = {"ok": True, "plan": {**vars(plan), "heads": vars(plan.heads), "points": plan.points}, "estimate": est}
+        result = {
+            "ok": True,
+            "plan": {
+                **vars(plan),
+                "heads": vars(plan.heads),
+                "points": plan.points,
+                "decode_points": plan.decode_points,
+            },
+            "estimate": est,
+        }
         return finish(as_json, result, lambda: head)
     if not as_json:
         click.echo(head, err=True)
@@ -353,7 +370,8 @@ def tune(
                 "and the timings are not V100 timings",
                 err=True,
             )
-    bar = None if as_json else click.progressbar(length=len(plan.points), label="tune", file=sys.stderr)
+    points = len(plan.points) + len(plan.decode_points)
+    bar = None if as_json else click.progressbar(length=points, label="tune", file=sys.stderr)
     with bar or contextlib.nullcontext():
         result = t.tune(artifact, plan, out, progress=(lambda e: bar.update(1)) if bar else None)
     result["estimate"] = est

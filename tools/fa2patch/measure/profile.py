@@ -16,10 +16,18 @@ range; where neighbours differ, the boundary is their geometric mean (the grid i
 that is the midpoint in log KV). The first range starts at 0, the last ends past --max-model-len.
 A Q point's range is the Q values that give the exact route the same number of row blocks (CTAs),
 ceil(Q / rows_per_cta): what decides how its waves fill, and so which route wins.
+
+Decode points (Q = 1, B sequences; tune_plan's ``decode_points``) decide between the decode kernel
+(``sm70-decode``) and the exact kernel (``sm70-dense``), per B point: KV ranges merged as above, the
+last ending past --max-model-len where the longest KV was measured, else at the geometric midpoint
+to the next KV point the K/V budget left out (no decision beyond: the built-in rule). A B point's
+``batch`` range reaches to the geometric midpoints to its neighbours (1 from the first, no end after
+the last); its ``q`` range is [1, 2). Decode decisions come first (the first match wins).
 """
 
 import functools
 import importlib.util
+import itertools
 import math
 import statistics
 from pathlib import Path
@@ -28,6 +36,7 @@ from typing import Any
 
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem
 from fa2patch.common.routes import EXACT, SPLITKV
+from fa2patch.measure.tune_plan import decode_kv_points
 
 
 class ProfileRefused(CheckFailed):
@@ -91,27 +100,63 @@ def q_range(q: int, rows_per_cta: int) -> tuple[int, int]:
     return rows_per_cta * (blocks - 1) + 1, rows_per_cta * blocks + 1
 
 
+def labelled_points(by_kv: dict[int, list]) -> list[tuple[int, tuple]]:
+    """[(kv, (route, splits))]: the winner at each KV point that has an exact-route measurement."""
+    labelled = []
+    for kv, rows in by_kv.items():
+        if not any(r["route"] == EXACT and r.get("splits", 1) == 1 and r.get("ok") for r in rows):
+            continue  # no exact-route measurement: nothing to compare with, no decision
+        w = winner(rows)
+        labelled.append((kv, (w["route"], w["splits"])))
+    return labelled
+
+
+def decode_end(kvs: list[int], max_model_len: int) -> int:
+    """Where a decode B point's last KV range ends: past max_model_len if its longest KV point was
+    measured, else the geometric midpoint to the next KV point."""
+    grid = decode_kv_points(max_model_len)
+    last = max(kvs)
+    later = [kv for kv in grid if kv > last]
+    return geometric_boundary(last, later[0]) if later else max_model_len + 1
+
+
+def batch_ranges(batches: list[int]) -> dict[int, list[int]]:
+    """{B: [lo, hi)}: 1 to the first midpoint, geometric midpoints between, no end after the last."""
+    b = sorted(batches)
+    bounds = [1] + [geometric_boundary(x, y) for x, y in itertools.pairwise(b)] + [reader().MAX_RANGE_END]
+    return {x: [bounds[i], bounds[i + 1]] for i, x in enumerate(b)}
+
+
 def decisions(measured: list[dict], rows_per_cta: int, max_model_len: int) -> list[dict]:
     """Profile decisions from tune's measured rows (each with q, kv, group, head_dim, route, splits,
-    times_ms, ok): one winner per point, merged into KV ranges per Q point."""
+    times_ms, ok; decode rows with batch): one winner per point, merged into KV ranges per Q point
+    and per decode B point; the decode decisions first."""
     points: dict[tuple, dict[int, list]] = {}
     for r in measured:
-        points.setdefault((r["group"], r["head_dim"], r["q"]), {}).setdefault(r["kv"], []).append(r)
-    out = []
-    for (group, d, q), by_kv in sorted(points.items(), key=lambda x: (x[0][0], x[0][1], -x[0][2])):
-        labelled = []
-        for kv, rows in by_kv.items():
-            if not any(r["route"] == EXACT and r.get("splits", 1) == 1 and r.get("ok") for r in rows):
-                continue  # no exact-route measurement: nothing to compare with, no decision
-            w = winner(rows)
-            labelled.append((kv, (w["route"], w["splits"])))
+        key = (r["group"], r["head_dim"], r["q"], r.get("batch", 0))  # 0: a prefill point
+        points.setdefault(key, {}).setdefault(r["kv"], []).append(r)
+    decode, prefill = [], []
+    batches: dict[tuple, list[int]] = {}
+    for group, d, _, b in points:
+        if b:
+            batches.setdefault((group, d), []).append(b)
+    for (group, d, q, b), by_kv in sorted(points.items(), key=lambda x: (x[0][0], x[0][1], -x[0][2], x[0][3])):
+        labelled = labelled_points(by_kv)
+        if b:
+            end = decode_end([kv for kv, _ in labelled], max_model_len) if labelled else 0
+            span = batch_ranges(batches[(group, d)])[b]
+            for lo, hi, (route, _) in kv_ranges(labelled, end):
+                decode.append(
+                    {"group": group, "head_dim": d, "q": [1, 2], "kv": [lo, hi], "batch": span, "route": route}
+                )
+            continue
         qlo, qhi = q_range(q, rows_per_cta)
         for lo, hi, (route, splits) in kv_ranges(labelled, max_model_len + 1):
             entry = {"group": group, "head_dim": d, "q": [qlo, qhi], "kv": [lo, hi], "route": route}
             if splits > 1:
                 entry["splits"] = splits
-            out.append(entry)
-    return out
+            prefill.append(entry)
+    return decode + prefill
 
 
 # --- validating: the plugin's reader, the one reader of profile files ---------------------------
@@ -155,8 +200,10 @@ def summary(doc: dict) -> str:
     ]
     for d in doc["decisions"]:
         route = table_route(d["route"], d.get("splits", 1))
+        lo, hi = d.get("batch", reader().ALL_BATCHES)
+        batch = "" if "batch" not in d else f", B >= {lo}" if hi == reader().MAX_RANGE_END else f", B [{lo}, {hi})"
         lines.append(
-            f"  group {d['group']}, D={d['head_dim']}, Q [{d['q'][0]}, {d['q'][1]}), "
-            f"KV [{d['kv'][0]}, {d['kv'][1]}): {route}{' x' + str(d['splits']) if d.get('splits', 1) > 1 else ''}"
+            f"  group {d['group']}, D={d['head_dim']}, Q [{d['q'][0]}, {d['q'][1]}), KV [{d['kv'][0]}, {d['kv'][1]})"
+            f"{batch}: {route}{' x' + str(d['splits']) if d.get('splits', 1) > 1 else ''}"
         )
     return "\n".join(lines)

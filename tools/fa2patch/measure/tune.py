@@ -8,13 +8,16 @@ points. Each point runs in one worker process (``tune_worker.worker``) with vLLM
 --block-size tokens, K and V as views of one (blocks, kv heads, page, 2 D) tensor, a shuffled
 block table), and every route it can take: the exact route ``sm70-dense``, the exact route with
 split-KV for each of --splits (``sm70-dense-splitkv``), and the long-prefill op where it takes the
-call (``sm70-gqa-prefill``). Timing: CUDA events around each call, warm-up calls first, then
---reps rounds of one call of each route (in rotated order), median per route; NVML samples the
-card during the rounds (``gpu_clocks``). Numerics (untimed): each route's output against the exact
-route's on the same inputs (finite, relative L2 within the contract's bound).
+call (``sm70-gqa-prefill``); at each decode point (Q = 1, B sequences: tune_plan's
+``decode_points``) the exact kernel and the decode kernel (``sm70-decode``). Timing: CUDA events
+around each call, warm-up calls first, then --reps rounds of one call of each route (in rotated
+order), median per route; NVML samples the card during the rounds (``gpu_clocks``). Numerics
+(untimed): each route's output against the exact route's on the same inputs (finite, relative L2
+within the contract's bound).
 
 How a route is forced is in ONE function, ``tune_worker.run_route``: the exact route through
-VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL=0 (read on every call; README "Routing"),
+VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL=0 (read on every call; README "Routing")
+with FA2PATCH_SM70_DECODE=0, the decode kernel with it at 1,
 the long-prefill route through its explicit op ``gqa_prefill_fwd`` with a workspace sized by
 ``gqa_prefill_workspace_bytes`` (as tests/gpu/prefill_cases.py calls it), split-KV through the
 extension's test hook ``_routing_prefill_splits_for_testing(splits)`` (patch 0004: while > 0, every
@@ -41,7 +44,7 @@ from pathlib import Path
 
 from fa2patch import __version__
 from fa2patch.common.errors import EnvironmentProblem, Fa2PatchError
-from fa2patch.common.routes import EXACT, GQA, SPLITKV
+from fa2patch.common.routes import DECODE, EXACT, GQA, SPLITKV
 from fa2patch.common.tables import table
 from fa2patch.compile.extension import PIN_SPLITS_HOOK
 from fa2patch.measure import gpu_clocks, profile
@@ -70,7 +73,9 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         return {"available": False, "note": "no estimate: report needs an sm_70 build (fa2patch build --arch sm_70)"}
     h = plan.heads
     label = f"V100 with {card.sms} SMs at {card.clock_mhz:g} MHz"
-    shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, h.d**-0.5) for q, kv in plan.points]
+    scale = h.d**-0.5
+    shapes = [Shape(q, kv, h.hq, h.hkv, h.d, True, scale) for q, kv in plan.points]
+    shapes += [Shape(1, kv, h.hq, h.hkv, h.d, True, scale, b) for kv, b in plan.decode_points]
     try:
         predictions = report.report(Path(sm70_artifact), "sm_70", {}, shapes, card, tuple(plan.splits))["predictions"]
     except Fa2PatchError as exc:
@@ -84,9 +89,10 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
     per_route: dict[str, float] = {}
     stand_in: set[str] = set()
     gqa = {"head_dim": gqa_head_dim, "max_group": 16}
-    for shape, (q, kv) in zip(shapes, plan.points, strict=True):
+    for shape in shapes:
         dense = by_key[(shape.label, EXACT, 1)]
-        for route, splits in plan.routes_at(q, kv, gqa):
+        routes = plan.routes_at(shape.q, shape.kv, gqa) if shape.q > 1 else plan.decode_routes
+        for route, splits in routes:
             name = profile.table_route(route, splits)
             ms = by_key.get((shape.label, name, splits))
             if ms is None:
@@ -104,7 +110,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
         "card": label,
         "calls_per_route_and_point": calls,
         "note": (
-            f"ESTIMATE of the GPU time: {len(plan.points)} points x their routes x {calls} calls "
+            f"ESTIMATE of the GPU time: {len(shapes)} points x their routes x {calls} calls "
             f"({plan.warmup} warm-up, {plan.reps} timed, 1 numerics check) x report's calibrated time on a "
             f"{label}{'; ' + charged if charged else ''}; process start and input set-up not included"
         ),
@@ -116,7 +122,7 @@ def estimate(plan: Plan, sm70_artifact: Path | None, card, gqa_head_dim: int = 2
 
 def run(artifact: Path, plan: Plan, progress=None) -> dict:
     """Run the worker over the plan's points; returns {"start": ..., "points": [...], "stderr": ...}."""
-    spec = {**asdict(plan), "heads": asdict(plan.heads), "points": plan.points}
+    spec = {**asdict(plan), "heads": asdict(plan.heads), "points": plan.points, "decode_points": plan.decode_points}
     env = {**os.environ, "FA2PATCH_FORCE_SM70": "1"}
     env.pop("FA2PATCH_ROUTING_PROFILE", None)
     env.pop(ENV_EXACT, None)
@@ -168,6 +174,7 @@ def measured_rows(plan: Plan, points: list[dict]) -> list[dict]:
             row = {
                 "q": p["q"],
                 "kv": p["kv"],
+                **({"batch": p["batch"]} if "batch" in p else {}),
                 "hq": h.hq,
                 "hkv": h.hkv,
                 "group": h.group,
@@ -206,10 +213,15 @@ def build_profile(plan: Plan, start: dict, rows: list[dict]) -> dict:
 def _points_of(rows: list[dict]) -> list[dict]:
     seen, out = set(), []
     for r in rows:
-        if (r["q"], r["kv"]) not in seen:
-            seen.add((r["q"], r["kv"]))
+        if _point(r) not in seen:
+            seen.add(_point(r))
             out.append(r)
     return out
+
+
+def _point(r: dict) -> tuple[int, int, int]:
+    """A measured row's point: (Q, KV, B), B 0 for a prefill point."""
+    return r["q"], r["kv"], r.get("batch", 0)
 
 
 def default_name(device_name: str, heads: RankHeads) -> str:
@@ -227,12 +239,13 @@ def render(result: dict) -> str:
             names.append((r["name"], r["splits"]))
     by_point: dict[tuple, dict] = {}
     for r in result["measured"]:
-        by_point.setdefault((r["q"], r["kv"]), {})[(r["name"], r["splits"])] = r
-    header = ["Q", "KV", "exact ms"] + [f"{n}{' x' + str(s) if s > 1 else ''} / exact" for n, s in names] + ["SM MHz"]
+        by_point.setdefault(_point(r), {})[(r["name"], r["splits"])] = r
+    others = [f"{n}{' x' + str(s) if s > 1 else ''} / exact" for n, s in names]
+    header = ["Q", "KV", "B", "exact ms", *others, "SM MHz"]
     rows = []
-    for (q, kv), per in by_point.items():
+    for (q, kv, b), per in by_point.items():
         exact = per.get((EXACT, 1), {})
-        cells = [q, kv, f"{exact['median_ms']:.3f}" if "median_ms" in exact else exact.get("error", "-")[:30]]
+        cells = [q, kv, b or 1, f"{exact['median_ms']:.3f}" if "median_ms" in exact else exact.get("error", "-")[:30]]
         for key in names:
             r = per.get(key)
             if r is None:
@@ -272,9 +285,15 @@ def describe_plan(plan: Plan, model, tp: int) -> str:
         f"{len(plan.points)} grid points:",
     ]
     lines += [f"  Q={q}: KV {', '.join(map(str, kvs))}" for q, kvs in by_q.items()]
+    by_b: dict[int, list[int]] = {}
+    for kv, b in plan.decode_points:
+        by_b.setdefault(b, []).append(kv)
+    lines.append(f"decode (Q=1), {len(plan.decode_points)} points:" if by_b else "decode: no points")
+    lines += [f"  B={b}: KV {', '.join(map(str, kvs))}" for b, kvs in by_b.items()]
     lines.append(
         f"routes: {EXACT}, {SPLITKV} x {', '.join(map(str, plan.splits))}, and {GQA} "
-        f"where its op takes the call; {plan.warmup} warm-up calls, {plan.reps} timed rounds"
+        f"where its op takes the call; at decode points {EXACT} and {DECODE}; "
+        f"{plan.warmup} warm-up calls, {plan.reps} timed rounds"
     )
     return "\n".join(lines)
 
@@ -306,6 +325,8 @@ def tune(artifact: Path, plan: Plan, out: Path | None, progress=None) -> dict:
         notes.append("WARNING: " + doc["software"]["notes"])
     if not start["split_hook"]:
         notes.append(f"this extension has no {PIN_SPLITS_HOOK}: split-KV was not measured")
+    if plan.decode_points and not start.get("decode_kernel"):
+        notes.append(f"this extension has no {DECODE} route: the decode points were not measured")
     if not start.get("nvml", {}).get("available"):
         notes.append(start.get("nvml", {}).get("note") or "NVML not sampled")
     return {

@@ -23,6 +23,14 @@ Hugging Face ``config.json``, the tensor-parallel size and vLLM's chunked-prefil
   a factor 1.19 either way) costs about 11 points for 4K..128K. Q points: the chunk C
   (the bulk of the prefill work) and C/2, C/4, ... down to 1024 (last chunks and short prompts,
   where the exact route's grid fills its waves differently and other routes can win).
+- Decode (``decode_points``): calls of one query row per sequence, B sequences of KV keys each, as
+  vLLM's decode batches run them, where the decode kernel (``sm70-decode``) and the exact kernel
+  compete. Which one wins moves with the K/V bytes per wave of the exact route's CTAs (B x Hkv of
+  them; README "The decode kernel's rule"), so both B and KV are sampled: B in --decode-batches
+  (default 1, 8, 64: one sequence, a small and a full batch), KV doubling from 256 to the longest
+  (and the longest), each point only where its K/V (B x KV x Hkv x D x 4 bytes) fits
+  DECODE_KV_BYTES (a V100 of 16 GB holds it beside the model, and a larger batch at that length
+  is not a call one card makes).
 """
 
 import json
@@ -31,10 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
-from fa2patch.common.routes import EXACT, GQA
+from fa2patch.common.routes import DECODE, EXACT, GQA
 
 MIN_Q_POINT = 1024
 KV_STEP = 2**0.5
+DECODE_BATCHES = (1, 8, 64)
+DECODE_MIN_KV = 256
+DECODE_KV_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -169,6 +180,22 @@ def grid_points(chunk: int, max_len: int) -> list[tuple[int, int]]:
     return [(q, kv) for q in q_points(chunk, max_len) for kv in kv_points(q, chunk, max_len)]
 
 
+def decode_kv_points(max_len: int) -> list[int]:
+    """KV of the decode points: DECODE_MIN_KV doubling below max_len, then max_len."""
+    out, kv = [], DECODE_MIN_KV
+    while kv < max_len:
+        out.append(kv)
+        kv *= 2
+    return [*out, max_len]
+
+
+def decode_points(heads: RankHeads, max_len: int, batches: tuple) -> list[tuple[int, int]]:
+    """(KV, B) decode points, by B then KV ascending, whose K/V fits DECODE_KV_BYTES."""
+    kv_bytes = heads.hkv * heads.d * 4
+    kvs = decode_kv_points(max_len)
+    return [(kv, b) for b in sorted(batches) for kv in kvs if b * kv * kv_bytes <= DECODE_KV_BYTES]
+
+
 @dataclass(frozen=True)
 class Plan:
     heads: RankHeads
@@ -178,10 +205,17 @@ class Plan:
     warmup: int = 2
     reps: int = 7
     splits: tuple = (2, 3, 4)
+    decode_batches: tuple = DECODE_BATCHES
 
     @property
     def points(self) -> list[tuple[int, int]]:
         return grid_points(self.chunk, self.max_model_len)
+
+    @property
+    def decode_points(self) -> list[tuple[int, int]]:
+        return decode_points(self.heads, self.max_model_len, self.decode_batches)
+
+    decode_routes = ((EXACT, 1), (DECODE, 1))  # a decode call keeps FA2's decode split on either kernel
 
     def routes_at(self, q: int, kv: int, gqa: dict | None) -> list[tuple[str, int]]:
         """(route, splits) to run at a point: the exact route, split-KV, and the long-prefill op

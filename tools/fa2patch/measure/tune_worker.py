@@ -14,8 +14,8 @@ from pathlib import Path
 
 from fa2patch.common import numerics
 from fa2patch.common.digest import sha256_file
-from fa2patch.common.routes import EXACT, GQA
-from fa2patch.compile.extension import PIN_SPLITS_HOOK
+from fa2patch.common.routes import DECODE, DECODE_ENV, EXACT, GQA
+from fa2patch.compile.extension import PIN_SPLITS_HOOK, routes_of
 from fa2patch.measure import gpu_clocks, profile
 from fa2patch.measure.tune_plan import Plan, RankHeads
 
@@ -46,12 +46,15 @@ def split_hook(ops):
 
 def run_route(ops, route: str, splits: int, call, events=None) -> None:
     """Force ``route`` (with ``splits``) for one launch of ``call`` (a ``Call``); with ``events``
-    (start, end CUDA events) record them around the launch only. The one place that knows how."""
+    (start, end CUDA events) record them around the launch only. The one place that knows how: the
+    decode kernel through FA2PATCH_SM70_DECODE=1, the exact kernel with it at 0 (so that the decode
+    kernel's rule cannot take a decode call the exact route is timed on)."""
     hook = None
     if route == GQA:
         launch = call.gqa
     else:
         os.environ[ENV_EXACT] = "0"
+        os.environ[DECODE_ENV] = "1" if route == DECODE else "0"
         launch = call.varlen
         hook = split_hook(ops)
         if hook is None and splits > 1:
@@ -70,18 +73,19 @@ def run_route(ops, route: str, splits: int, call, events=None) -> None:
 
 
 class Call:
-    """One point's inputs in vLLM's layout and its two launches (varlen_fwd, gqa_prefill_fwd) into ``out``."""
+    """One point's inputs in vLLM's layout (``batch`` sequences of q_len queries and kv_len keys) and
+    its two launches (varlen_fwd; gqa_prefill_fwd, one sequence only) into ``out``."""
 
-    def __init__(self, torch, ops, q_len: int, kv_len: int, heads: dict, page: int, seed: int):
+    def __init__(self, torch, ops, q_len: int, kv_len: int, heads: dict, page: int, seed: int, batch: int = 1):
         hq, hkv, d = heads["hq"], heads["hkv"], heads["d"]
         gen = torch.Generator(device="cuda").manual_seed(seed)
         blocks = -(-kv_len // page)
-        self.q = torch.randn(q_len, hq, d, generator=gen, device="cuda", dtype=torch.float16)
-        cache = torch.randn(blocks, hkv, page, 2 * d, generator=gen, device="cuda", dtype=torch.float16)
+        self.q = torch.randn(batch * q_len, hq, d, generator=gen, device="cuda", dtype=torch.float16)
+        cache = torch.randn(batch * blocks, hkv, page, 2 * d, generator=gen, device="cuda", dtype=torch.float16)
         self.k, self.v = cache.transpose(1, 2).split(d, dim=-1)  # vLLM's views: row stride 2 D
-        self.table = torch.randperm(blocks, generator=gen, device="cuda").to(torch.int32).view(1, -1)
-        self.cu_q = torch.tensor([0, q_len], dtype=torch.int32, device="cuda")
-        self.cu_k = torch.tensor([0, kv_len], dtype=torch.int32, device="cuda")
+        self.table = torch.randperm(batch * blocks, generator=gen, device="cuda").to(torch.int32).view(batch, -1)
+        self.cu_q = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * q_len
+        self.cu_k = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * kv_len
         self.q_len, self.kv_len, self.scale, self.ops, self.torch = q_len, kv_len, d**-0.5, ops, torch
         self.out = torch.empty_like(self.q)
         self.ws = None
@@ -126,9 +130,13 @@ def _route_counts(ops, device: int) -> dict:
         return {}
 
 
-def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list, nvml, handle) -> dict:
-    """Warm up, check each varlen route was forced, time ``reps`` rounds, then check numerics."""
-    call = Call(torch, ops, q_len, kv_len, spec["heads"], spec["block_size"], seed=q_len * 7919 + kv_len)
+def measure_point(
+    torch, ops, spec: dict, q_len: int, kv_len: int, routes: list, nvml, handle, batch: int | None = None
+) -> dict:
+    """Warm up, check each varlen route was forced, time ``reps`` rounds, then check numerics.
+    ``batch``: a decode point's sequences (None: one prefill sequence)."""
+    seed = q_len * 7919 + kv_len + 104729 * (batch or 0)
+    call = Call(torch, ops, q_len, kv_len, spec["heads"], spec["block_size"], seed, batch or 1)
     device = torch.cuda.current_device()
     rows = {key: {"route": key[0], "splits": key[1], "times_ms": []} for key in routes}
     live = []
@@ -175,6 +183,7 @@ def measure_point(torch, ops, spec: dict, q_len: int, kv_len: int, routes: list,
         "event": "point",
         "q": q_len,
         "kv": kv_len,
+        **({"batch": batch} if batch else {}),
         "rows": list(rows.values()),
         "clocks": sampler.summary() if sampler else None,
     }
@@ -217,6 +226,7 @@ def worker() -> None:
         if gqa_kernel and hasattr(ops, "gqa_prefill_fwd")
         else None
     )
+    decode_kernel = DECODE in routes_of(info)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     nvml, handle, nvml_info = gpu_clocks.open_for_torch(torch)
     driver = nvml_info.get("driver")
@@ -228,6 +238,7 @@ def worker() -> None:
         spec["warmup"],
         spec["reps"],
         tuple(spec["splits"]),
+        tuple(spec["decode_batches"]),
     )
     print(
         json.dumps(
@@ -243,6 +254,7 @@ def worker() -> None:
                 "split_hook": split_hook(ops) is not None,
                 "gqa": gqa,
                 "rows_per_cta": dense[0]["rows_per_cta"] if dense else 64,
+                "decode_kernel": decode_kernel,
                 "nvml": nvml_info,
             }
         ),
@@ -253,6 +265,12 @@ def worker() -> None:
         t0 = time.monotonic()
         routes = [r for r in plan.routes_at(q_len, kv_len, gqa) if r[1] == 1 or has_hook]
         event = measure_point(torch, ops, spec, q_len, kv_len, routes, nvml, handle)
+        event["wall_s"] = time.monotonic() - t0
+        print(json.dumps(event), flush=True)
+        torch.cuda.empty_cache()
+    for kv_len, batch in spec["decode_points"] if decode_kernel else []:  # a build without it: nothing to compare
+        t0 = time.monotonic()
+        event = measure_point(torch, ops, spec, 1, kv_len, list(plan.decode_routes), nvml, handle, batch)
         event["wall_s"] = time.monotonic() - t0
         print(json.dumps(event), flush=True)
         torch.cuda.empty_cache()
