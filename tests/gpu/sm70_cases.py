@@ -122,9 +122,13 @@ def _spec(raw: dict) -> dict:
 
 
 def switch_decode_kernel(spec: dict) -> None:
-    """The decode kernel on (spec ``decode_kernel``) or off for this process's calls: the extension
-    reads FA2PATCH_SM70_DECODE on every call."""
-    os.environ[DECODE_ENV] = "1" if spec["decode_kernel"] else "0"
+    """The decode kernel on (spec ``decode_kernel`` true), off (false) or left to routing's profile
+    and rule (None: the switch unset) for this process's calls: the extension reads
+    FA2PATCH_SM70_DECODE on every call."""
+    if spec["decode_kernel"] is None:
+        os.environ.pop(DECODE_ENV, None)
+    else:
+        os.environ[DECODE_ENV] = "1" if spec["decode_kernel"] else "0"
 
 
 def _first_line(exc) -> str:

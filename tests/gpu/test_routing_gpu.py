@@ -272,6 +272,10 @@ def test_decode_rule_sends_small_decode_calls_to_the_decode_kernel(gpu_build, na
 PROFILE_ENV = "FA2PATCH_ROUTING_PROFILE"
 # BASE: hq 4 / hkv 1 (group 4), head dim 256, max_seqlen_q 1024, max_seqlen_k 16384.
 AT_BASE = {"group": 4, "head_dim": 256, "q": [1024, 1025], "kv": [16384, 16385]}
+# One decode sequence of 6/1 x 256 (paged, 16-token pages), and a decision covering its shape.
+DECODE_300 = {"seqlens": [[1, 300]], "hq": 6, "hkv": 1, "d": 256, "page_size": 16}
+DECODE_40K = {**DECODE_300, "seqlens": [[1, 40000]]}
+AT_DECODE = {"group": 6, "head_dim": 256, "q": [1, 2], "kv": [0, 1 << 20]}
 DECIDE_BASE = {"heads_q": 4, "heads_k": 1, "head_dim": 256, "max_seqlen_q": 1024, "max_seqlen_k": 16384}
 
 # (id, spec changes, sms, decisions, expected counter changes): each direction a profile can send a
@@ -366,6 +370,62 @@ PROFILE_TABLE = [
         [{**AT_BASE, "route": EXACT}],
         {"routes": {EXACT: 1}, "exact_reasons": {"window": 1}, "fallbacks": {"profile_route_ineligible": 1}},
     ),
+    # The decode kernel (issue 24), its switch unset: a decision's route is its kernel. 6/1 x 256 over
+    # 40,000 keys is 41 MB, beyond the rule's 32 MiB (exact); 300 keys are far inside it (decode).
+    (
+        "decode-kernel-beyond-the-rule",
+        {**DECODE_40K, "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "route": DECODE}],
+        {"routes": {DECODE: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
+    (
+        "exact-kernel-inside-the-rule",
+        {**DECODE_300, "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "route": EXACT}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
+    # batch [1, 3) does not hold the call's 3 sequences; [3, 4) does
+    (
+        "decode-by-batch",
+        {**DECODE_40K, "seqlens": [[1, 40000], [1, 300], [1, 17]], "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "batch": [1, 3], "route": EXACT}, {**AT_DECODE, "batch": [3, 4], "route": DECODE}],
+        {"routes": {DECODE: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
+    # no decision matches: the rule (41 MB: exact)
+    (
+        "decode-no-match-batch",
+        {**DECODE_40K, "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "batch": [2, 64], "route": DECODE}],
+        {"routes": {EXACT: 1}, "fallbacks": {}},
+    ),
+    # 17 rows per KV head: no decode-kernel instantiation (16 at most); ignored, the rule keeps it exact
+    (
+        "ineligible-decode-kernel-for-17-rows",
+        {"seqlens": [[1, 300]], "hq": 17, "hkv": 1, "d": 128, "decode_kernel": None},
+        "no_split",
+        [{"group": 17, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": DECODE}],
+        {"routes": {EXACT: 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
+    # a window: ignored, then the rule takes the small windowed call to the decode kernel
+    (
+        "ineligible-decode-for-a-window-then-the-rule",
+        {**DECODE_300, "window": [128, 0], "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "route": EXACT}],
+        {"routes": {DECODE: 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
+    # FA2PATCH_SM70_DECODE=0, where set, wins over a decision for the decode kernel
+    (
+        "decode-switch-off-wins",
+        {**DECODE_40K, "decode_kernel": False},
+        "no_split",
+        [{**AT_DECODE, "route": DECODE}],
+        {"routes": {EXACT: 1}, "exact_reasons": {"profile": 1}, "fallbacks": {}},
+    ),
 ]
 
 
@@ -429,6 +489,39 @@ def test_profile_decisions_without_running_attention(gpu_build):
     assert [d["reason"] for d in r["decided"][9:12]] == ["window", "window", "head_dim"], r  # the first unfit
     assert got[12] == (SPLIT, 3, "profile", None), r
     assert r["profile"]["status"] == "in use" and r["profile"]["decisions"] == 3, r
+
+
+def test_profile_decode_decisions_name_the_kernel_without_running_attention(gpu_build):
+    """_routing_decide_for_testing's "runs" under decode decisions (FA2PATCH_SM70_DECODE unset):
+    the decision's kernel where it matches (batch included), the rule's where none does, and the
+    rule's after a decision the decode kernel cannot take."""
+    decisions = [
+        {**AT_DECODE, "batch": [1, 2], "route": DECODE},
+        {**AT_DECODE, "batch": [2, 1 << 20], "route": EXACT},
+        {"group": 17, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": DECODE},
+    ]
+    g6 = {"heads_q": 6, "heads_k": 1, "head_dim": 256, "max_seqlen_q": 1}
+    asked = [
+        {**g6, "max_seqlen_k": 40000},  # decision 0: the decode kernel beyond the rule
+        {**g6, "max_seqlen_k": 300, "batch": 2},  # decision 1: the exact kernel inside the rule
+        {**g6, "max_seqlen_k": 300, "batch": 2, "window_size_left": 64},  # a window: the rule
+        {**g6, "max_seqlen_k": 1 << 20},  # kv == hi: no match, the rule (exact)
+        {"heads_q": 17, "heads_k": 1, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 300},  # 17 rows
+    ]
+    r = run(
+        gpu_build,
+        "decide",
+        {**DECODE_300, "decode_kernel": None},
+        sms="device",
+        profile={"decisions": decisions},
+        decide=asked,
+    )
+    got = [(d["route"], d["runs"], d["by"], d["profile_ineligible"]) for d in r["decided"]]
+    assert got[0] == (EXACT, DECODE, "profile", None), r
+    assert got[1] == (EXACT, EXACT, "profile", None), r
+    assert got[2] == (EXACT, DECODE, "builtin", "window"), r
+    assert got[3] == (EXACT, EXACT, "builtin", None), r
+    assert got[4] == (EXACT, EXACT, "builtin", "decode_kernel"), r
 
 
 def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):
