@@ -97,3 +97,32 @@ def test_report_marks_the_rules_choice(model):
         decode = next(p for p in preds if p["route"] == DECODE)
         assert decode["builtin_rule"] is taken
         assert all("builtin_rule" not in p for p in preds if p["route"] != DECODE)
+
+
+@pytest.mark.parametrize("decode,dkv,kernel_route", [(4, 300, DECODE), (32, 131072, EXACT)])
+def test_the_v100_backends_decode_rows_take_the_kernel_the_rule_gives_them(model, decode, dkv, kernel_route):
+    """report's v100-backend row (a chunk batched with decode rows, split as the V100 backend runs
+    it): the rows' one call runs where routing's rule sends it -- the decode kernel for 4 rows of
+    6/1 x 256 over 300 keys (1.2 MB, inside the 32 MiB bound), the exact route for 32 rows over
+    131,072 keys (4.3 GB in one wave of 72 SMs: beyond it). Its launches are the chunk's long-prefill
+    launches followed by those of the rows' call alone on that kernel."""
+    import gqa_oracle
+    from fa2patch.common.routes import GQA
+    from fa2patch.model import gqa_route
+    from fa2patch.model.report import PER_REQUEST, predict_routes
+    from fa2patch.model.v100model import Card
+
+    artifact, rows, v100, cal = model
+    card, scale = Card(72, 1530), 1 / 16
+    chunk = Shape(4096, 65536, 6, 1, 256, True, scale)
+    rows_call = Shape(1, dkv, 6, 1, 256, True, scale, b=decode)
+    plans = {gqa_route.sizes(chunk): gqa_oracle.plan(4096, 65536, 6, 1)}
+
+    def route(shape, name):
+        return next(p for p in predict_routes(shape, rows, card, v100, cal, artifact, (), plans) if p["route"] == name)
+
+    split = route(Shape(4096, 65536, 6, 1, 256, True, scale, decode=decode, decode_kv=dkv), PER_REQUEST)
+    alone = route(rows_call, kernel_route)
+    names = lambda p: [x["name"] for x in p["launches"]]  # noqa: E731
+    assert names(split) == names(route(chunk, GQA)) + names(alone)
+    assert split["plan"]["decodes"] == alone["plan"]

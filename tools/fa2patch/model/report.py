@@ -19,10 +19,8 @@ route on a ``Card`` (80 or 72 SMs, a clock) a lower bound (pipes only, at the ca
 model's time and the calibrated estimate with its range, the calibration refitted to the anchors
 on every run (calibration.calibrate). report_text.py renders it.
 
-Estimating another route: its time is the sum of its launches, one ``v100model.KernelLaunch``
-each (hot-loop mix from ``kernel_rows`` or by hand, each CTA's iterations in launch order, warps
-and CTAs per SM, epilogue mix, prologue load rounds, HBM bytes); ``route_estimate(launches, card,
-v100, calibrate(v100))`` times them. docs/report-model.md describes the model.
+Another route's time is the sum of its launches, one ``v100model.KernelLaunch`` each, timed by
+``route_estimate``: docs/report-model.md ("Estimating another route") describes them and the model.
 """
 
 from collections.abc import Sequence
@@ -282,15 +280,16 @@ def predict_decode(shape: Shape, kernels: list[dict], card: Card, v100: dict, ca
 
 
 # A batch of a prefill chunk and decode rows as fa2patch's V100 backend for vLLM runs it (README
-# "Under load"): the chunk alone on the long-prefill route, the decode rows together on the exact route.
+# "Under load"): the chunk alone on the long-prefill route, the decode rows together in one call on
+# the kernel routing gives it (the decode kernel where its rule takes the rows, else the exact route).
 PER_REQUEST = "v100-backend"
 
 
 def predict_per_request(
     shape: Shape, kernels: list[dict], card: Card, v100: dict, calibration: dict, plans: dict, artifact: Path
 ) -> dict | None:
-    """``shape`` with decode rows (``decode=N``) as the V100 backend splits it, or None where the
-    long-prefill op does not take its chunk (the backend then makes vLLM's one call)."""
+    """``shape`` with decode rows (``decode=N``) as the V100 backend splits it (PER_REQUEST), or None
+    where the long-prefill op does not take its chunk (the backend then makes vLLM's one call)."""
     if not shape.decode:
         return None
     chunk = replace(shape, decode=0, decode_kv=0)
@@ -300,10 +299,13 @@ def predict_per_request(
     kernel, op_plan = found
     launches, plan = gqa_route.launches(chunk, kernel, op_plan)
     decodes = replace(shape, q=1, kv=shape.dkv, b=shape.decode, decode=0, decode_kv=0)
-    dense_kernel_row = dense_kernel(decodes, kernels, artifact)
-    decode_launches, decode_plan = dense_launches(decodes, dense_kernel_row, card)
-    both = {"chunk": plan, "decodes": decode_plan}
-    return prediction(shape, PER_REQUEST, kernel, both, launches + decode_launches, card, v100, calibration)
+    dense_row, decode_row = dense_kernel(decodes, kernels, artifact), decode_route.kernel_for(decodes, kernels)
+    if decode_row and decode_route.rule_takes(decodes, card.sms * dense_row["occupancy"]["blocks_per_sm"]):
+        rows_launches, rows_plan = decode_launches(decodes, decode_row, card.sms)
+    else:
+        rows_launches, rows_plan = dense_launches(decodes, dense_row, card)
+    both = {"chunk": plan, "decodes": rows_plan}
+    return prediction(shape, PER_REQUEST, kernel, both, launches + rows_launches, card, v100, calibration)
 
 
 def prediction(
@@ -392,8 +394,7 @@ def predict_routes(
 def route_launches(
     shape: Shape, rows: list[dict], route: str, card: Card, artifact: Path, gqa_plans: dict | None = None
 ) -> list[KernelLaunch]:
-    """The launches of ``route`` (sm70-dense, sm70-decode or sm70-gqa-prefill) for a shape on a card:
-    what a user's bench case measured (user_anchors.py)."""
+    """The launches of ``route`` for a shape on a card: what a user's bench case measured (user_anchors.py)."""
     if route == routes.EXACT:
         return dense_launches(shape, dense_kernel(shape, rows, artifact), card)[0]
     if route == routes.DECODE and (kernel := decode_route.kernel_for(shape, rows)):
@@ -413,11 +414,10 @@ def report(
     splits: tuple = (2, 3, 4),
     anchors: Sequence[Path] = (),
 ) -> dict:
-    """The whole report: kernel rows and, for ``shapes``, predictions with their calibration
-    (the exact route with split-KV for each of ``splits`` on prefill shapes). ``anchors``: users'
-    bench files whose cases join the calibration (user_anchors.py; ``anchor_fit`` says how the fit
-    moved). ``launch`` (--launch) replaces build_info()'s launch configurations; build_info() must
-    load unless it does, and must declare the route's geometry when ``shapes`` are given."""
+    """The whole report: kernel rows and, for ``shapes``, predictions with their calibration (split-KV
+    at each of ``splits`` on prefill shapes). ``anchors``: users' bench files joining the calibration
+    (user_anchors.py; ``anchor_fit``: how the fit moved). ``launch`` (--launch) replaces build_info()'s
+    launch configurations; build_info() must load unless it does, and declare the geometry for shapes."""
     from fa2patch.model import user_anchors
 
     info, plans = gqa_route.read_plans(artifact, shapes)
