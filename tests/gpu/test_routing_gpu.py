@@ -410,6 +410,14 @@ PROFILE_TABLE = [
         [{"group": 17, "head_dim": 128, "q": [1, 2], "kv": [0, 1 << 20], "route": DECODE}],
         {"routes": {EXACT: 1}, "fallbacks": {"profile_route_ineligible": 1}},
     ),
+    # softcap: tune times the plain key loop only; ignored, the rule keeps it exact
+    (
+        "ineligible-decode-for-softcap",
+        {**DECODE_300, "softcap": 30.0, "decode_kernel": None},
+        "no_split",
+        [{**AT_DECODE, "route": DECODE}],
+        {"routes": {EXACT: 1}, "fallbacks": {"profile_route_ineligible": 1}},
+    ),
     # a window: ignored, then the rule takes the small windowed call to the decode kernel
     (
         "ineligible-decode-for-a-window-then-the-rule",
@@ -507,6 +515,8 @@ def test_profile_decode_decisions_name_the_kernel_without_running_attention(gpu_
         {**g6, "max_seqlen_k": 300, "batch": 2, "window_size_left": 64},  # a window: the rule
         {**g6, "max_seqlen_k": 1 << 20},  # kv == hi: no match, the rule (exact)
         {"heads_q": 17, "heads_k": 1, "head_dim": 128, "max_seqlen_q": 1, "max_seqlen_k": 300},  # 17 rows
+        {**g6, "max_seqlen_k": 40000, "softcap": 30.0},  # decision 0's kernel, but softcap: the rule
+        {**g6, "max_seqlen_k": 40000, "alibi": True},  # ALiBi: the rule
     ]
     r = run(
         gpu_build,
@@ -522,6 +532,7 @@ def test_profile_decode_decisions_name_the_kernel_without_running_attention(gpu_
     assert got[2] == (EXACT, DECODE, "builtin", "window"), r
     assert got[3] == (EXACT, EXACT, "builtin", None), r
     assert got[4] == (EXACT, EXACT, "builtin", "decode_kernel"), r
+    assert got[5:] == [(EXACT, EXACT, "builtin", "softcap"), (EXACT, EXACT, "builtin", "alibi")], r
 
 
 def test_decisions_of_the_builtin_rule_and_the_test_hook(gpu_build):

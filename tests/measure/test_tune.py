@@ -228,6 +228,9 @@ def test_decode_points_stop_at_the_kv_budget():
     # 32/8 x 128: 8 x 128 x 4 = 4 KiB; at B = 64 up to 2^22 / 4 = 16,384 keys
     assert max(kv for kv, b in decode_points(RankHeads(32, 8, 128), 32768, (64,))) == 16384
     assert decode_points(RankHeads(6, 1, 256), 131072, ()) == []
+    # no decode kernel for head dim 96 or 17 rows per KV head: nothing to compare the exact kernel with
+    assert decode_points(RankHeads(32, 8, 96), 4096, (1,)) == decode_points(RankHeads(17, 1, 128), 4096, (1,)) == []
+    assert decode_points(RankHeads(16, 1, 64), 256, (1,)) == [(256, 1)]
 
 
 # --- decisions from a synthetic measured table ------------------------------------------------------

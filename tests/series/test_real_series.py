@@ -429,6 +429,8 @@ def test_decode_kernel_constants_are_the_models(real_workspace):
     assert consts["kChunksInFlight"] == decode_route.K_IN_FLIGHT
     assert consts["kVInFlight"] == decode_route.V_IN_FLIGHT
     assert consts["kMaxRows"] == decode_route.MAX_ROWS
+    dims = re.search(r"constexpr std::array<int, \d+> kHeadDims = \{([\d, ]+)\};", text)
+    assert dims and tuple(int(x) for x in dims[1].split(",")) == decode_route.HEAD_DIMS
     instantiated = re.search(r"constexpr std::array<int, \d+> kRows = \{([\d, ]+)\};", text)
     assert instantiated and int(instantiated[1].split(",")[-1]) == decode_route.CTA_ROWS
     split = re.search(r"per_split = ceil_div\(ceil_div\(.+\), (\d+)\) \* (\d+);", text)

@@ -32,6 +32,7 @@ KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 # and the most a call may have (kMaxRows: row blocks of CTA_ROWS).
 THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
 CTA_ROWS, MAX_ROWS = 8, 16
+HEAD_DIMS = (64, 128, 256)  # its instantiations (decode_sm70.h kHeadDims)
 # Patch 0004's built-in rule (routing.cpp decode_kernel_rule, kDecodeRuleBytes; a CPU test reads it
 # from the series and tests/model/test_decode_rule.py checks each bound on this model): no softcap or
 # ALiBi (the model times the plain key loop; a Shape has neither), one query row per sequence, rows
