@@ -14,5 +14,9 @@ SPLITKV = "sm70-dense-splitkv"
 # times it so).
 DECODE = "sm70-decode"
 DECODE_ENV = "FA2PATCH_SM70_DECODE"
+# Its instantiations (decode_sm70.h kHeadDims, kMaxRows): the head dims, and the most query rows per
+# KV head it takes (tests/series/test_real_series.py checks both against the C++).
+DECODE_HEAD_DIMS = (64, 128, 256)
+DECODE_MAX_ROWS = 16
 # The long-prefill route (patch 0003): gqa_prefill_fwd, and varlen_fwd where routing picks it.
 GQA = "sm70-gqa-prefill"

@@ -31,7 +31,7 @@ Hugging Face ``config.json``, the tensor-parallel size and vLLM's chunked-prefil
   (and the longest), each point only where its K/V (B x KV x Hkv x D x 4 bytes) fits
   DECODE_KV_BYTES (a V100 of 16 GB holds it beside the model, and a larger batch at that length
   is not a call one card makes). None where the decode kernel has no instantiation for the rank's
-  heads (its head dims, at most 16 rows per KV head: fa2patch.model.decode_route).
+  heads (its head dims, at most 16 rows per KV head: fa2patch.common.routes).
 """
 
 import json
@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
-from fa2patch.common.routes import DECODE, EXACT, GQA
-from fa2patch.model.decode_route import HEAD_DIMS, MAX_ROWS
+from fa2patch.common.routes import DECODE, DECODE_HEAD_DIMS, DECODE_MAX_ROWS, EXACT, GQA
 
 MIN_Q_POINT = 1024
 KV_STEP = 2**0.5
@@ -194,7 +193,7 @@ def decode_kv_points(max_len: int) -> list[int]:
 def decode_points(heads: RankHeads, max_len: int, batches: tuple) -> list[tuple[int, int]]:
     """(KV, B) decode points, by B then KV ascending, whose K/V fits DECODE_KV_BYTES; none where the
     decode kernel cannot take the heads' calls."""
-    if heads.d not in HEAD_DIMS or heads.group > MAX_ROWS:
+    if heads.d not in DECODE_HEAD_DIMS or heads.group > DECODE_MAX_ROWS:
         return []
     kv_bytes = heads.hkv * heads.d * 4
     kvs = decode_kv_points(max_len)

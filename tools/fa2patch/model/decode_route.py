@@ -20,6 +20,7 @@ sends a call), as the extension runs a call of one query row per sequence (docs/
 
 import re
 
+from fa2patch.common.routes import DECODE_HEAD_DIMS, DECODE_MAX_ROWS
 from fa2patch.common.shapes import Shape
 from fa2patch.compile import sass
 from fa2patch.model.loop_mix import LoopMix
@@ -31,8 +32,7 @@ KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 # lane (P V's inner loop), the split's granularity in keys; the most rows one CTA holds (kRows.back())
 # and the most a call may have (kMaxRows: row blocks of CTA_ROWS).
 THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
-CTA_ROWS, MAX_ROWS = 8, 16
-HEAD_DIMS = (64, 128, 256)  # its instantiations (decode_sm70.h kHeadDims)
+CTA_ROWS, MAX_ROWS, HEAD_DIMS = 8, DECODE_MAX_ROWS, DECODE_HEAD_DIMS
 # Patch 0004's built-in rule (routing.cpp decode_kernel_rule, kDecodeRuleBytes; a CPU test reads it
 # from the series and tests/model/test_decode_rule.py checks each bound on this model): no softcap or
 # ALiBi (the model times the plain key loop; a Shape has neither), one query row per sequence, rows
