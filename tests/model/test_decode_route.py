@@ -22,18 +22,22 @@ def kernel(blocks_per_sm: int) -> dict:
 def test_names_and_inner_loop_trips():
     assert decode_route.instantiation("void fa2patch::sm70::decode::decode_sm70_kernel<128, 4>(p)") == (128, 4)
     assert decode_route.instantiation("flash_fwd_sm70_kernel<128>") is None
-    # head dim 256: 32 chunks of a K row, 8 in flight -> 4 trips; one key per V load, 8 in flight -> 4
-    assert decode_route.trips(256) == (4, 4)
-    assert decode_route.trips(128) == (2, 2)  # 16 chunks; two keys per V load instruction
-    assert decode_route.trips(64) == (1, 1)
+    # head dim 256: 32 chunks of a K row, 16 in flight -> 2 trips; one key per V load, 16 in flight -> 2
+    assert decode_route.trips(256, 6) == decode_route.trips(256, 8) == (2, 2)
+    # head dim 128: 16 chunks, two keys per V load (16 loads): one trip each up to 4 rows; from 6 rows
+    # 8 in flight (16 spill), two trips
+    assert decode_route.trips(128, 4) == (1, 1)
+    assert decode_route.trips(128, 6) == (2, 2)
+    assert decode_route.trips(64, 1) == decode_route.trips(64, 8) == (1, 1)  # 8 chunks, 8 V loads
 
 
 def test_split_fills_one_wave_of_slots():
-    """The decode kernel's split is routing's one-wave rule over its CTAs and 16-key blocks."""
+    """The decode kernel's split is routing's one-wave rule over its CTAs and 128-key blocks."""
     keys = decode_route.SPLIT_KEYS
+    assert keys == 128  # one iteration of its 4 warps of 32 keys
     assert decode_splits(1, 131072, keys, 144) == 128  # 144 slots, at most 128 splits
     assert decode_splits(1, 131072, keys, 100) == 100
-    assert decode_splits(1, 40, keys, 144) == 3  # one split per 16 keys
+    assert decode_splits(1, 1000, keys, 144) == 8  # one split per 128 keys
     assert decode_splits(64 * 8, 4096, keys, 216) == 1  # 512 CTAs fill the slots already
 
 
@@ -41,14 +45,18 @@ def test_launch_covers_every_key_once():
     shape = Shape(1, 1000, 6, 1, 256, True, 0.0625, b=2)
     fwd, plan = decode_route.launch(shape, kernel(2), 10)
     kv = 2 * 2 * 1000 * 256 * 2
-    partials = 10 * 2 * 6 * (256 * 4 + 4)
+    # ceil(1000 / 10) = 100 keys -> at least 128: splits 0-6 of 128 keys, the 8th 104, the 9th and
+    # 10th none (a call split for a longer length, as a captured graph replays a shorter sequence):
+    # 8 splits write their O, all 10 their LSE; the combine reads those and writes O
+    partials = 2 * 6 * (8 * 256 * 4 + 10 * 4)
     q = 2 * 6 * 256 * 2
-    # ceil(1000 / 10) = 100 keys -> 112; the combine reads the partials and writes O
-    assert plan == {"splits": 10, "keys_per_split": 112, "rows": 6, "row_blocks": 1, "combine_bytes": partials + q}
-    # splits of 112 keys: 8 full, the 9th 104 keys, the 10th none; 128 keys per CTA iteration
-    assert fwd.iterations == (1,) * 16 + (1,) * 2 + (0,) * 2
+    assert plan == {"splits": 10, "keys_per_split": 128, "rows": 6, "row_blocks": 1, "combine_bytes": partials + q}
+    assert fwd.iterations == (1,) * 16 + (0,) * 4
     assert fwd.streams and not fwd.fused and fwd.warps_per_cta == 4 and fwd.ctas_per_sm == 2
     assert fwd.hbm_bytes == 2 * q + 2 * 6 * 4 + kv + partials
+    # a long sequence: ceil(100000 / 10) = 10,000 keys, a multiple of 16; 79 iterations of 128 keys
+    _, long_plan = decode_route.launch(Shape(1, 100000, 6, 1, 256, True, 0.0625), kernel(2), 10)
+    assert long_plan["keys_per_split"] == 10000
     alone, plan = decode_route.launch(Shape(1, 1000, 6, 1, 256, True, 0.0625, b=64), kernel(1), 1)
     assert plan["splits"] == 1 and plan["combine_bytes"] == 0 and alone.iterations == (8,) * 64
 

@@ -32,6 +32,17 @@ def test_rule_classes_by_hand():
     assert not decode_route.rule_takes(Shape(1, 300, 6, 1, 256, True, 0.06, decode=2, decode_kv=300), 72)
 
 
+def test_rule_under_graph_capture_takes_every_length():
+    """Captured (vLLM's decode graphs at max_model_len), the rule cannot see the replays' lengths: the
+    decode kernel takes every call of a class the rule knows, at any length; the rest stay exact."""
+    assert decode_route.rule_takes(decode_shape(6, 256, 1, 1, 262144), 72, capturing=True)
+    assert decode_route.rule_takes(decode_shape(4, 128, 64, 8, 131072), 72, capturing=True)
+    assert not decode_route.rule_takes(decode_shape(6, 256, 1, 1, 262144), 72)
+    assert not decode_route.rule_takes(decode_shape(12, 128, 1, 1, 1024), 72, capturing=True)  # row blocks
+    assert not decode_route.rule_takes(decode_shape(6, 96, 1, 1, 1024), 72, capturing=True)  # no kernel
+    assert not decode_route.rule_takes(decode_shape(6, 256, 1, 1, 300, q=2), 72, capturing=True)
+
+
 def test_rule_bound_is_per_wave_of_the_exact_route():
     """batch x KV heads CTAs over the exact route's slots: twice the bytes in two waves is in the rule."""
     shape = decode_shape(4, 128, 16, 8, 8192)  # 128 CTAs, 512 MiB

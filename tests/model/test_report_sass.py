@@ -386,7 +386,7 @@ def test_real_decode_route(built_sm70):
     preds = {p["route"]: p for p in predict_routes(shape, rows, card, v100, cal, artifact, (), plans)}
     p, dense = preds[DECODE], preds[EXACT]
     slots = 72 * decode[(256, 6)]["occupancy"]["blocks_per_sm"]
-    splits = min(slots, 131072 // 16, 128)
+    splits = min(slots, 131072 // decode_route.SPLIT_KEYS, 128)
     assert p["plan"]["splits"] == splits and p["launches"][0]["ctas"] == splits
     assert p["plan"]["keys_per_split"] * splits >= 131072
     assert p["launches"][1]["name"] == "splitkv_combine_sm70_kernel"

@@ -426,15 +426,18 @@ def test_decode_kernel_constants_are_the_models(real_workspace):
     consts = {k: int(v) for k, v in re.findall(r"constexpr int (k\w+) = (\d+);", text)}
     assert consts["kThreads"] == decode_route.THREADS
     assert consts["kKeysPerWarp"] == decode_route.KEYS_PER_WARP
-    assert consts["kChunksInFlight"] == decode_route.K_IN_FLIGHT
-    assert consts["kVInFlight"] == decode_route.V_IN_FLIGHT
+    assert consts["kLoadsInFlight"] == decode_route.LOADS_IN_FLIGHT
+    assert consts["kLoadsInFlightManyRows"] == decode_route.LOADS_IN_FLIGHT_MANY_ROWS
+    assert consts["kManyRows"] == decode_route.MANY_ROWS
+    assert "kInFlight = kHeadDim < 256 && kRows >= kManyRows ? kLoadsInFlightManyRows : kLoadsInFlight;" in text
+    assert "constexpr int kSplitKeys = kWarps * kKeysPerWarp;" in text
     assert consts["kMaxRows"] == decode_route.MAX_ROWS
     dims = re.search(r"constexpr std::array<int, \d+> kHeadDims = \{([\d, ]+)\};", text)
     assert dims and tuple(int(x) for x in dims[1].split(",")) == decode_route.HEAD_DIMS
     instantiated = re.search(r"constexpr std::array<int, \d+> kRows = \{([\d, ]+)\};", text)
     assert instantiated and int(instantiated[1].split(",")[-1]) == decode_route.CTA_ROWS
-    split = re.search(r"per_split = ceil_div\(ceil_div\(.+\), (\d+)\) \* (\d+);", text)
-    assert split and int(split[1]) == int(split[2]) == decode_route.SPLIT_KEYS
+    split = re.search(r"per_split = max\(kSplitKeys, ceil_div\(ceil_div\(.+\), (\d+)\) \* (\d+)\);", text)
+    assert split and int(split[1]) == int(split[2]) == decode_route.SPLIT_ROUND
     routing = (real_workspace / "csrc/flash_attn/fa2patch/routing.cpp").read_text()
     assert f"kDecodeKeysPerSplit = {decode_route.SPLIT_KEYS};" in routing
     # The built-in rule: its bytes table (MiB by row class and head dim) and its row classes.
@@ -451,3 +454,7 @@ def test_decode_kernel_constants_are_the_models(real_workspace):
     assert (1, int(classes[1]), int(classes[2]), int(limit[1])) == decode_route.RULE_ROWS
     dims = re.search(r"call\.head_dim <= (\d+) \? 0 : call\.head_dim <= (\d+) \? 1 : 2;", routing)
     assert dims and (int(dims[1]), int(dims[2])) == decode_route.RULE_DIMS[:2]
+    # Under graph capture every call the rule's first test lets through takes the decode kernel
+    # (rule_takes(..., capturing=True)), and before the bytes are read.
+    capture = routing.index("if (capturing_graph()) { return call.head_dim <= 256; }")
+    assert routing.index("call.rows > 8") < capture < routing.index("kDecodeRuleBytes[rows][dim]")

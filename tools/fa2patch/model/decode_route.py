@@ -10,8 +10,10 @@ sends a call), as the extension runs a call of one query row per sequence (docs/
   such loops (with and without softcap/ALiBi) the shorter, the common case, is charged.
 - **Its launch** (``launch``): one CTA per (sequence, KV head, split) -- two for groups of 9-16 rows
   (``row_blocks``: half the rows each, adjacent in the grid) -- the split filling the kernel's CTA
-  slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 16 keys and
-  128), each split ceil(keys / splits) rounded up to 16 keys, kWarps x kKeysPerWarp keys per iteration;
+  slots in one wave (patch 0004's routing::decode_splits: slots / CTAs, at most one per 128 keys and
+  128), each split ceil(keys / splits) rounded up to 16 keys and at least 128 (kSplitKeys: one
+  iteration of every warp), kWarps x kKeysPerWarp keys per iteration; a split past the sequence's
+  keys writes only its LSE and exits (no iteration, no partial O);
   K/V streamed from DRAM (memory.py) once per row block (the row blocks read the same K/V at about the
   same time, so L2 may serve the second read: not credited, a conservative choice), no fused per-CTA
   term (the decode anchors reject it for kernels built like this one); then the exact route's
@@ -28,10 +30,14 @@ from fa2patch.model.v100model import KernelLaunch
 
 KERNEL = re.compile(r"decode_sm70_kernel<(\d+), (\d+)>")
 # decode_sm70.h / decode_sm70.cu (a CPU test reads them from the series): threads per CTA, keys per
-# warp iteration, 16-byte K loads in flight per lane (the scores' inner loop), V loads in flight per
-# lane (P V's inner loop), the split's granularity in keys; the most rows one CTA holds (kRows.back())
-# and the most a call may have (kMaxRows: row blocks of CTA_ROWS).
-THREADS, KEYS_PER_WARP, K_IN_FLIGHT, V_IN_FLIGHT, SPLIT_KEYS = 128, 32, 8, 8, 16
+# warp iteration; 16-byte loads in flight per lane in the scores' and P V's inner loops (LOADS_IN_FLIGHT,
+# or LOADS_IN_FLIGHT_MANY_ROWS from MANY_ROWS rows below head dim 256: in_flight); the fewest keys of
+# a split (kSplitKeys, also routing's kDecodeKeysPerSplit) and the granularity of a split's share;
+# the most rows one CTA holds (kRows.back()) and the most a call may have (kMaxRows: row blocks of
+# CTA_ROWS).
+THREADS, KEYS_PER_WARP = 128, 32
+LOADS_IN_FLIGHT, LOADS_IN_FLIGHT_MANY_ROWS, MANY_ROWS = 16, 8, 6
+SPLIT_KEYS, SPLIT_ROUND = THREADS // 32 * KEYS_PER_WARP, 16
 CTA_ROWS, MAX_ROWS, HEAD_DIMS = 8, DECODE_MAX_ROWS, DECODE_HEAD_DIMS
 # Patch 0004's built-in rule (routing.cpp decode_kernel_rule, kDecodeRuleBytes; a CPU test reads it
 # from the series and tests/model/test_decode_rule.py checks each bound on this model): no softcap or
@@ -48,37 +54,56 @@ def instantiation(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def trips(head_dim: int) -> tuple[int, int]:
-    """The inner loops' trips per key-loop iteration: K chunks (head_dim / 8 per row) in groups of
-    K_IN_FLIGHT; V loads (32 / (head_dim / 8) keys each) in groups of V_IN_FLIGHT."""
+def in_flight(head_dim: int, rows: int) -> tuple[int, int]:
+    """16-byte loads in flight per lane of the ``<head_dim, rows>`` instantiation (decode_sm70.cu
+    Lanes): of a K row's head_dim / 8 chunks, and of the 32 / (32 / (head_dim / 8)) V loads of an
+    iteration, at most kInFlight each."""
+    wide = LOADS_IN_FLIGHT_MANY_ROWS if head_dim < 256 and rows >= MANY_ROWS else LOADS_IN_FLIGHT
     chunks = head_dim // 8
-    return chunks // K_IN_FLIGHT, KEYS_PER_WARP // ((32 // chunks) * V_IN_FLIGHT)
+    return min(chunks, wide), min(KEYS_PER_WARP // (32 // chunks), wide)
 
 
-def key_loop(function: sass.SassFunction, head_dim: int) -> sass.Loop | None:
+def trips(head_dim: int, rows: int) -> tuple[int, int]:
+    """The inner loops' trips per key-loop iteration: K chunks (head_dim / 8 per row) and V loads
+    (32 / (head_dim / 8) keys each), each in groups of in_flight."""
+    chunks = head_dim // 8
+    k_group, v_group = in_flight(head_dim, rows)
+    return chunks // k_group, KEYS_PER_WARP // ((32 // chunks) * v_group)
+
+
+def key_loop(function: sass.SassFunction, head_dim: int, rows: int) -> sass.Loop | None:
     """The key loop's iteration, its inner loops' instructions repeated as often as they run (for
-    sass_mix.loop_row), or None where the SASS has no such loop."""
+    sass_mix.loop_row), or None where the SASS has no such loop. Candidates: loops holding the maxima's
+    butterfly with as many nested load loops as the inner loops have trips above one, expanded; kept
+    where the expansion holds a key iteration's FMAs (a lane's key against every row, head_dim each,
+    and its P V share, head_dim x rows: 2 x head_dim x rows); the shortest (the copy without softcap
+    and ALiBi). The FMA test leaves out the backward branches ptxas lays across the loop's copies."""
     loops = function.loops()
-    repeats = [n for n in trips(head_dim) if n > 1]  # a loop of one trip is not one in the SASS
+    repeats = [n for n in trips(head_dim, rows) if n > 1]  # a loop of one trip is not one in the SASS
 
-    def inner(a, b):
-        return a is not b and b.start <= a.start and a.end <= b.end and len(a.instrs) > 8
+    def inner(a, b):  # the K-row and V-row loads' loops (other backward branches load nothing)
+        loads = any(op.startswith("LDG") for op in a.opcodes)
+        return a is not b and b.start <= a.start and a.end <= b.end and len(a.instrs) > 8 and loads
 
     def nested(lp):
         return sorted((x for x in loops if inner(x, lp)), key=lambda x: x.start)
 
+    def expand(outer):
+        expanded, done = [], -1
+        for lp, n in zip(nested(outer), repeats, strict=True):
+            expanded += [i for i in outer.instrs if done < i.addr < lp.start] + lp.instrs * n
+            done = lp.end
+        expanded += [i for i in outer.instrs if i.addr > done]
+        return sass.Loop(outer.start, outer.end, expanded)
+
     keyed = [
-        lp for lp in loops if any(op.startswith("SHFL.BFLY") for op in lp.opcodes) and len(nested(lp)) == len(repeats)
+        expand(lp)
+        for lp in loops
+        if any(op.startswith("SHFL.BFLY") for op in lp.opcodes) and len(nested(lp)) == len(repeats)
     ]
-    if not keyed:
-        return None
-    outer = min(keyed, key=lambda lp: len(lp.instrs))
-    expanded, done = [], -1
-    for lp, n in zip(nested(outer), repeats, strict=True):
-        expanded += [i for i in outer.instrs if done < i.addr < lp.start] + lp.instrs * n
-        done = lp.end
-    expanded += [i for i in outer.instrs if i.addr > done]
-    return sass.Loop(outer.start, outer.end, expanded)
+    fmas = 2 * head_dim * rows
+    full = [lp for lp in keyed if sum(op.startswith("FFMA") for op in lp.opcodes) >= fmas]
+    return min(full, key=lambda lp: len(lp.instrs)) if full else None
 
 
 def outside(function: sass.SassFunction) -> list[sass.Instr]:
@@ -122,16 +147,15 @@ def launch(shape: Shape, kernel: dict, n: int) -> tuple[KernelLaunch, dict]:
     d = kernel["decode"]
     blocks = row_blocks(shape.hq // shape.hkv)[0]
     share = -(-shape.kv // n)
-    per = -(-share // SPLIT_KEYS) * SPLIT_KEYS
+    per = max(SPLIT_KEYS, -(-share // SPLIT_ROUND) * SPLIT_ROUND)
     warps = THREADS // 32
-    its = [
-        -(-max(0, min(shape.kv, (s + 1) * per) - s * per) // (warps * KEYS_PER_WARP))
-        for s in range(n)
-        for _ in range(shape.b * shape.hkv * blocks)
-    ]
+    keys = [max(0, min(shape.kv, (s + 1) * per) - s * per) for s in range(n)]
+    its = [-(-k // (warps * KEYS_PER_WARP)) for k in keys for _ in range(shape.b * shape.hkv * blocks)]
     q_bytes = shape.b * shape.hq * shape.d * 2
     kv_bytes = 2 * shape.b * shape.kv * shape.hkv * shape.d * 2 * blocks
-    partials = n * shape.b * shape.hq * (shape.d * 4 + 4) if n > 1 else 0
+    # Every split writes its LSE; only the splits with keys their O (the combine reads those).
+    live = sum(1 for k in keys if k > 0)
+    partials = shape.b * shape.hq * (live * shape.d * 4 + n * 4) if n > 1 else 0
     forward = KernelLaunch(
         kernel["kernel"],
         LoopMix(**d["loop"]["model_mix"]),
@@ -156,13 +180,16 @@ def rule_bound(rows: int, head_dim: int) -> int | None:
     return RULE_MIB[row_class][RULE_DIMS.index(head_dim)] << 20
 
 
-def rule_takes(shape: Shape, exact_slots: int) -> bool:
+def rule_takes(shape: Shape, exact_slots: int, capturing: bool = False) -> bool:
     """Whether the built-in rule sends ``shape`` to the decode kernel, on a device whose exact route
     holds ``exact_slots`` CTAs at once (SMs x its CTAs per SM): its K/V bytes over the waves of the
-    exact route's b x KV heads CTAs within rule_bound."""
+    exact route's b x KV heads CTAs within rule_bound; under CUDA graph capture (``capturing``) every
+    shape of a row class and head dim the rule knows, whatever its length."""
     if shape.q != 1 or shape.decode or shape.hkv < 1 or shape.hq % shape.hkv:
         return False
     bound = rule_bound(shape.hq // shape.hkv, shape.d)
+    if capturing:
+        return bound is not None
     ctas = shape.b * shape.hkv
     waves = -(-ctas // max(1, exact_slots))
     return bound is not None and ctas * shape.kv * shape.d * 4 <= bound * waves

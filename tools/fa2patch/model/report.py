@@ -133,7 +133,7 @@ def kernel_rows(
         if occ and sass.kernel_matches(name, sass.name_part_glob(COMBINE_KERNEL)):  # split-KV's combine
             combine = combine_row(f, threads, occ["blocks_per_sm"], w, cta_w, v100)
         inst = decode_route.instantiation(name)
-        if occ and inst and (keys := decode_route.key_loop(f, inst[0])):  # the decode kernel: no HMMA
+        if occ and inst and (keys := decode_route.key_loop(f, *inst)):  # the decode kernel: no HMMA
             decode = {
                 "loop": loop_row(keys, v100, w, cta_w),
                 "outside": outside_row(decode_route.outside(f), cta_w, v100),
