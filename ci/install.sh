@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 
 [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
 # torch and the CUDA 12 wheels: the `build` extra in pyproject.toml (`fa2patch check` compares
-# it with baseline.lock).
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[build,test]'
+# it with baseline.lock); `docs` and `plot`: the user guide (ci/docs.sh) and `report --plot`'s tests.
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[build,test,docs,plot]'
 pin() {  # a [toolchain] field of baseline.lock
     .venv/bin/python -c 'import sys; from fa2patch.common.lockfile import Lock
 print(getattr(Lock.load("baseline.lock").toolchain, sys.argv[1]))' "$1"

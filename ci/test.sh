@@ -10,5 +10,7 @@ bash ci/install.sh
 # the compatibility builds (tests/vllm/test_compat_builds.py) and the doctor --vllm tests.
 bash ci/install-torch.sh ci/torch-2.9.1.txt    # vLLM 0.16.0 -> .venv-torch291/
 bash ci/install-torch.sh ci/torch-2.14.txt     # vLLM 0.33.0 -> .venv-torch214/
+# The user guide, built strictly (broken links, pages or anchors fail; about a second).
+bash ci/docs.sh
 export FA2PATCH_REQUIRE_TOOLCHAIN=1
 exec .venv/bin/python -m pytest -q -rs "$@"

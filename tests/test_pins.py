@@ -32,7 +32,7 @@ def test_install_script_takes_every_pin_from_the_lock():
     typed = [v for v in sorted(versions) if re.search(rf"(?<![\w.]){re.escape(v)}(?![\w.])", script)]
     assert typed == [], f"ci/install.sh types the locked version(s) {typed}"
     assert re.search(r"\$\(pin clang\)", script) and re.search(r"\$\(pin fatbinary_wheel\)", script)
-    assert "'.[build,test]'" in script
+    assert "'.[build,test,docs,plot]'" in script  # docs, plot: the user guide and report --plot's tests
 
 
 def test_check_compares_the_pins_with_pyproject(mini):

@@ -78,9 +78,21 @@ from fa2patch.common.errors import Fa2PatchError
     "calibrated with its range beside our routes (docs/peer-onecat-79t.md); 1cat-decode, 1Cat-vLLM's "
     "q=1 decode graph (B=1, 6/1, D=256), calibrated with its range (docs/report-model.md)",
 )
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE.svg|png",
+    help="with --shapes, also draw the JSON's numbers (needs matplotlib: the `plot` extra): FILE-routes "
+    "(per prefill shape each route's calibrated time, its range and the floor), FILE-routing (the built-in "
+    "rule's route over Q x KV for a head configuration, x where the ranges do not separate), FILE-decode "
+    "(decode time and K/V bandwidth against KV length, with the DRAM peak), each where the shapes give it, "
+    "and FILE-data.json (the numbers plotted)",
+)
 @json_option
 @pass_ctx
-def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor_files, peer, as_json):
+def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor_files, peer, plot_path, as_json):
     """Static V100 report from the SASS: resources, occupancy, hot-loop mix and cycle bounds;
     with --shapes, per shape and route a bound, the model's time and a calibrated estimate with
     its range (two parameters fitted to published V100 measurements and --anchors, listed with
@@ -92,6 +104,11 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor
     from fa2patch.model.v100model import Card
 
     shape_list = parse_shapes(shapes) if shapes is not None else []
+    if plot_path is not None:
+        if plot_path.suffix not in (".svg", ".png"):
+            raise click.BadParameter(f"expected a .svg or .png file name, got {plot_path}", param_hint="--plot")
+        if not shape_list:
+            raise click.BadParameter("needs --shapes", param_hint="--plot")
     launch = {}
     for item in launches:
         glob, _, value = item.rpartition("=")
@@ -118,8 +135,14 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor
             "1cat-79t": onecat_79t.render,
             "1cat-decode": onecat_decode.render,
         }[peer]
+    result = {"ok": True, "artifact": manifest["artifact"], **result}
+    if plot_path is not None:
+        from fa2patch.model import report_plot
+
+        result["plots"] = [str(p) for p in report_plot.write(result, plot_path)]
+        click.echo(f"report: wrote {', '.join(result['plots'])}", err=True)
     if as_json:
-        click.echo(json.dumps({"ok": True, "artifact": manifest["artifact"], **result}, indent=1))
+        click.echo(json.dumps(result, indent=1))
     else:
         click.echo(render(result))
         if peer:
