@@ -399,7 +399,7 @@ def test_real_decode_route(built_sm70):
     p12 = {x["route"]: x for x in predict_routes(twelve, rows, card, v100, cal, artifact, (), plans12)}[DECODE]
     blocks = 72 * decode[(128, 6)]["occupancy"]["blocks_per_sm"] // 2
     assert p12["kernel"] == decode[(128, 6)]["kernel"] and p12["plan"]["row_blocks"] == 2
-    assert p12["plan"]["splits"] == min(blocks, 4096 // 16, 128)
+    assert p12["plan"]["splits"] == min(blocks, 4096 // decode_route.SPLIT_KEYS, 128)
     assert p12["launches"][0]["ctas"] == 2 * p12["plan"]["splits"]
     for other in others:
         assert DECODE not in {x["route"] for x in predict_routes(other, rows, card, v100, cal, artifact, (), plans)}
