@@ -14,7 +14,18 @@ import pytest
 
 from fa2patch.common import routes
 
-SCRIPT = r"""
+# Warm the call up on a side stream (as torch's graph capture wants), then a graph to capture it into.
+CAPTURE = r"""
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    call()
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+"""
+
+SCRIPT = (
+    r"""
 import json, sys, torch
 torch.ops.load_library(sys.argv[1])
 which = sys.argv[2]
@@ -58,13 +69,9 @@ else:
         lens.copy_(torch.randint(0, capacity, (B,), dtype=torch.int32, device=dev))
     state = lambda: [out, kc, vc]
 
-side = torch.cuda.Stream()
-side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):
-    call()
-torch.cuda.current_stream().wait_stream(side)
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
+"""
+    + CAPTURE
+    + r"""with torch.cuda.graph(graph):
     call()
 equal, finite = [], []
 for t in range(3):
@@ -82,6 +89,7 @@ for t in range(3):
 stats = json.loads(torch.ops._vllm_fa2_C.route_stats())["devices"]["0"]["routes"]
 print(json.dumps({"equal": equal, "finite": finite, "routes": stats}))
 """
+)
 
 
 @pytest.mark.parametrize("decode_kernel", [False, True], ids=["exact", "decode-kernel"])
@@ -102,7 +110,8 @@ def test_replayed_graph_matches_eager_calls(gpu_build, op, decode_kernel):
         assert (routes.DECODE in r["routes"]) == decode_kernel, r
 
 
-RULE_SCRIPT = r"""
+RULE_SCRIPT = (
+    r"""
 import json, os, sys, torch
 from fa2patch.measure.reference import attention_ref, compare
 torch.ops.load_library(sys.argv[1])
@@ -127,13 +136,9 @@ def routes():
 eager_before = routes()
 call()
 eager = {k: v - eager_before.get(k, 0) for k, v in routes().items() if v != eager_before.get(k, 0)}
-side = torch.cuda.Stream()
-side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):
-    call()
-torch.cuda.current_stream().wait_stream(side)
-graph = torch.cuda.CUDAGraph()
-before = routes()
+"""
+    + CAPTURE
+    + r"""before = routes()
 with torch.cuda.graph(graph):
     call()
 captured = {k: v - before.get(k, 0) for k, v in routes().items() if v != before.get(k, 0)}
@@ -158,6 +163,7 @@ for pair in ([1, capacity], [1000, 17], [8192, 300], [0, 5]):
     results.append({"lens": pair, **compare(torch.cat(outs), torch.cat(refs), torch.cat(refs16))})
 print(json.dumps({"eager": eager, "captured": captured, "results": results}))
 """
+)
 
 
 def test_graph_captured_at_a_long_max_seqlen_k_runs_the_decode_kernel(gpu_build):
