@@ -21,33 +21,18 @@ import json
 import sys
 from pathlib import Path
 
+from fa2patch.model.exact_route import SPLIT_CANDIDATES as SPLITS, SPLIT_MIN_GAIN as MIN_GAIN, prefill_splits
+
 ROWS_PER_CTA, KEYS_PER_BLOCK = 64, 32  # build_info(): every sm70-dense kernel
-SPLITS = (2, 3, 4)
-CTA_FIXED_BLOCKS = 32  # proposed constants (docs/report-model.md)
-MIN_GAIN = 1.26  # routing.cpp kSplitMinGain
-
-
-def gain(ctas: int, slots: int, blocks: int, s: int) -> float:
-    """The rule's estimate of exact / split time: whole waves of CTAs that each cost
-    CTA_FIXED_BLOCKS key-block iterations plus their blocks (every CTA taken as seeing all
-    ``blocks``): ceil(c / slots) (F + n) / (ceil(s c / slots) (F + ceil(n / s)))."""
-    return (
-        -(-ctas // slots)
-        * (CTA_FIXED_BLOCKS + blocks)
-        / (-(-(s * ctas) // slots) * (CTA_FIXED_BLOCKS + -(-blocks // s)))
-    )
 
 
 def rule(heads_q: int, max_seqlen_q: int, max_seqlen_k: int, batch: int, sms: int, ctas_per_sm: int) -> int:
-    """The proposed built-in rule: splits for a call the exact route takes (1: none). One sequence
-    only (a batch's sequence lengths are on the device); the split count with the largest
-    ``gain`` (the fewest on a tie) where that gain is at least MIN_GAIN."""
+    """The built-in rule (exact_route.prefill_splits): splits for a call the exact route takes (1:
+    none). One sequence only (a batch's sequence lengths are on the device)."""
     if batch != 1 or max_seqlen_q < 2:
         return 1
     ctas = -(-max_seqlen_q // ROWS_PER_CTA) * heads_q
-    blocks = -(-max_seqlen_k // KEYS_PER_BLOCK)
-    best, s = max((gain(ctas, sms * ctas_per_sm, blocks, s), -s) for s in SPLITS)
-    return -s if best >= MIN_GAIN else 1
+    return prefill_splits(ctas, -(-max_seqlen_k // KEYS_PER_BLOCK), sms * ctas_per_sm)
 
 
 def shapes():

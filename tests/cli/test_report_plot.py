@@ -4,7 +4,6 @@ the matplotlib artists, not from pixels), routing's rule as the pictures colour 
 constants, and the guide's committed pictures (docs/figures/) are what the plot draws from their data
 and, on the real build, what report says today."""
 
-import importlib.util
 import json
 import os
 import re
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fa2patch.common import routes
+from fa2patch.model import exact_route
 from helpers import REPO
 
 mpl = pytest.importorskip("matplotlib")
@@ -171,24 +171,27 @@ def test_rule_constants_are_the_patch_series():
     def const(name):
         return re.search(rf"^\+\s*constexpr [\w:]+ {name}(?:\[\])? = ([^;]+);", text, flags=re.M)[1]
 
-    assert float(const("kSplitMinGain")) == rp.SPLIT_MIN_GAIN
-    assert int(const("kSplitCtaFixedBlocks")) == rp.SPLIT_CTA_FIXED_BLOCKS
-    assert tuple(int(x) for x in const("kSplitCandidates").strip("{} ").split(",")) == rp.SPLIT_CANDIDATES
+    assert float(const("kSplitMinGain")) == exact_route.SPLIT_MIN_GAIN
+    assert int(const("kSplitCtaFixedBlocks")) == exact_route.SPLIT_CTA_FIXED_BLOCKS
+    assert tuple(int(x) for x in const("kSplitCandidates").strip("{} ").split(",")) == exact_route.SPLIT_CANDIDATES
     assert int(const("kMinSeqlenQ")) == rp.LONG_PREFILL_MIN_Q
     assert int(const("kMinSeqlenK")) == rp.LONG_PREFILL_MIN_KV
 
 
-def test_split_rule_agrees_with_the_split_rule_check():
-    """builtin_splits against docs/report/splitkv_rule.py's rule (which the 2,412-call check used)."""
-    spec = importlib.util.spec_from_file_location("splitkv_rule", REPO / "docs" / "report" / "splitkv_rule.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
-    for sms in (72, 80):
-        for hq in (1, 2, 6, 16, 32):
-            for q in (2, 64, 256, 384, 1024, 4096):
-                for kv in (q, 4096, 16384, 131072):
-                    shape = {"b": 1, "causal": True, "q": q, "kv": kv, "hq": hq}
-                    assert rp.builtin_splits(shape, kernel(256), sms) == check.rule(hq, q, kv, 1, sms, 1)
+def test_split_rule_by_hand():
+    """The built-in split rule the routing map colours by (exact_route.prefill_splits, through the kernel
+    row's geometry), worked by hand on 80 slots (F = 32 key blocks per CTA)."""
+    k = kernel(256)
+    # 6 heads x 16 query blocks = 96 CTAs (2 waves) over 512 key blocks: unsplit 2 x (32 + 512) = 1,088;
+    # s=2: 3 x (32 + 256) = 864 (1.259, below 1.26); s=3: 4 x (32 + 171) = 812 (1.340); s=4: 5 x 160 = 800 (1.36)
+    assert rp.builtin_splits({"b": 1, "causal": True, "q": 1024, "kv": 16384, "hq": 6}, k, 80) == 4
+    assert exact_route.prefill_splits(96, 512, 80) == 4
+    # 2,048 CTAs (26 waves) over 512 blocks: s=2 is 52 waves x 288 against 26 x 544: no gain
+    assert rp.builtin_splits({"b": 1, "causal": True, "q": 4096, "kv": 16384, "hq": 32}, k, 80) == 1
+    # one CTA, 1 key block: every s costs 1 x (32 + 1), gain 1: unsplit; a batch or one query row never splits
+    assert exact_route.prefill_splits(1, 1, 80) == 1
+    assert rp.builtin_splits({"b": 2, "causal": True, "q": 1024, "kv": 16384, "hq": 6}, k, 80) == 1
+    assert rp.builtin_splits({"b": 1, "causal": True, "q": 1, "kv": 16384, "hq": 6}, k, 80) == 1
 
 
 def test_plot_needs_matplotlib_only_when_plotting(monkeypatch):

@@ -28,12 +28,27 @@ from fa2patch.model.loop_mix import LoopMix
 from fa2patch.model.v100model import Card, KernelLaunch, fa2_grid_iterations
 
 COMBINE_KERNEL = "splitkv_combine_sm70_kernel"
-# splitkv_combine_sm70.cu: one warp merges one output row (rows per CTA = threads / 32), each
-# lane two columns of every 64 (its column loop runs ceil(d / 64) times).
+# splitkv_combine_sm70.cu, up to 8 splits (prefill split-KV): one warp merges one output row (rows
+# per CTA = threads / 32), each lane two columns of every 64 (its column loop runs ceil(d / 64)
+# times). More splits (the decode split) take its wide form, charged its bytes (combine_bytes).
 COMBINE_COLUMNS_PER_TRIP = 64
 
 
 MAX_SPLITS = 128  # FA2's limit (set_params_splitkv)
+# Routing's built-in prefill split rule (routing.cpp builtin_prefill_splits; kSplitCandidates,
+# kSplitMinGain, kSplitCtaFixedBlocks: tests/cli/test_report_plot.py reads them from patch 0004).
+SPLIT_CANDIDATES, SPLIT_MIN_GAIN, SPLIT_CTA_FIXED_BLOCKS = (2, 3, 4), 1.26, 32
+
+
+def prefill_splits(ctas: int, blocks: int, slots: int) -> int:
+    """The built-in rule's split count for one causal sequence on the exact route of ``ctas`` CTAs
+    over ``blocks`` key blocks with ``slots`` CTA slots: the s in SPLIT_CANDIDATES with the largest
+    wave-quantized gain ceil(c / slots) (F + n) / (ceil(s c / slots) (F + ceil(n / s))), the fewest
+    on a tie, where it reaches SPLIT_MIN_GAIN; else 1."""
+    fixed = SPLIT_CTA_FIXED_BLOCKS
+    unsplit = -(-ctas // slots) * (fixed + blocks)
+    gain, s = max((unsplit / (-(-(s * ctas) // slots) * (fixed + -(-blocks // s))), -s) for s in SPLIT_CANDIDATES)
+    return -s if gain >= SPLIT_MIN_GAIN else 1
 
 
 def decode_splits(ctas: int, kv: int, keys_per_iteration: int, slots: int) -> int:

@@ -27,6 +27,7 @@ from typing import Any
 
 from fa2patch.common import routes
 from fa2patch.common.errors import EnvironmentProblem
+from fa2patch.model.exact_route import prefill_splits
 
 PICTURES = ("routes", "routing", "decode")
 SUFFIXES = (".svg", ".png")
@@ -37,9 +38,6 @@ SUFFIXES = (".svg", ".png")
 # (a sm70-gqa-prefill row); the decode kernel's rule is the JSON's own ``builtin_rule``.
 LONG_PREFILL_MIN_Q = 1024
 LONG_PREFILL_MIN_KV = 16384
-SPLIT_CANDIDATES = (2, 3, 4)
-SPLIT_MIN_GAIN = 1.26
-SPLIT_CTA_FIXED_BLOCKS = 32
 
 COLOURS = {
     routes.EXACT: "#4c72b0",
@@ -106,21 +104,13 @@ def dense_geometry(report: dict, d: int) -> dict | None:
 
 
 def builtin_splits(shape: dict, kernel: dict | None, sms: int) -> int:
-    """Routing's built-in split-KV rule (routing.cpp ``builtin_prefill_splits``) for one causal
-    sequence on the exact route: the split count with the largest wave-quantized gain, where it
-    reaches SPLIT_MIN_GAIN; 1 otherwise."""
+    """Routing's built-in split-KV rule (exact_route.prefill_splits) for one causal sequence on the
+    exact route of the kernel row ``kernel``; 1 for any other call."""
     if shape["b"] != 1 or not shape["causal"] or shape["q"] < 2 or shape["kv"] <= 0 or kernel is None:
         return 1
     geo, slots = kernel["geometry"], sms * kernel["occupancy"]["blocks_per_sm"]
     ctas = -(-shape["q"] // geo["rows_per_cta"]) * shape["hq"]
-    blocks = -(-shape["kv"] // geo["keys_per_iteration"])
-    unsplit = -(-ctas // slots) * (SPLIT_CTA_FIXED_BLOCKS + blocks)
-    best, best_gain = 1, 0.0
-    for s in SPLIT_CANDIDATES:
-        gain = unsplit / (-(-(s * ctas) // slots) * (SPLIT_CTA_FIXED_BLOCKS + -(-blocks // s)))
-        if gain > best_gain:
-            best, best_gain = s, gain
-    return best if best_gain >= SPLIT_MIN_GAIN else 1
+    return prefill_splits(ctas, -(-shape["kv"] // geo["keys_per_iteration"]), slots)
 
 
 def rule_route(report: dict, rows: list[dict]) -> dict:
