@@ -134,34 +134,29 @@ class Timer:
 class Case:
     """One decode shape's tensors: vLLM's paged cache (pages shuffled), the queries and the output."""
 
-    def __init__(self, torch, ops, s: DecodeShape, capacity_kv: int | None = None):
+    def __init__(self, torch, ops, s: DecodeShape):
+        from fa2patch.measure.bench import paged_cache
+
         self.torch, self.ops, self.s = torch, ops, s
-        kv = capacity_kv or s.kv
-        pages = -(-kv // s.page)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        self.table = torch.randperm(s.b * pages, device="cuda", generator=g).view(s.b, pages).to(torch.int32)
-        self.k = torch.randn(s.b * pages, s.page, s.hkv, s.d, device="cuda", dtype=torch.float16, generator=g)
-        self.v = torch.randn(s.b * pages, s.page, s.hkv, s.d, device="cuda", dtype=torch.float16, generator=g)
-        self.q = torch.randn(s.b, s.hq, s.d, device="cuda", dtype=torch.float16, generator=g)
+        torch.manual_seed(0)
+        self.k, self.v, self.table, self._keys_of = paged_cache(torch, s.b, s.kv, s.hkv, s.d, s.page)
+        self.q = torch.randn(s.b, s.hq, s.d, device="cuda", dtype=torch.float16)
         self.out = torch.empty_like(self.q)
         self.cu_q = torch.arange(s.b + 1, device="cuda", dtype=torch.int32)
         self.cu_k = torch.arange(s.b + 1, device="cuda", dtype=torch.int32) * s.kv
         self.seqused = torch.full((s.b,), s.kv, device="cuda", dtype=torch.int32)
-        self.max_k = kv
 
     def call(self):
         from fa2patch.compile.extension import varlen_fwd
 
         varlen_fwd(
-            self.ops.varlen_fwd, self.q, self.k, self.v, self.out, self.cu_q, self.cu_k, 1, self.max_k,
+            self.ops.varlen_fwd, self.q, self.k, self.v, self.out, self.cu_q, self.cu_k, 1, self.s.kv,
             self.s.d**-0.5, True, self.seqused, self.table,
         )  # fmt: skip
 
     def keys(self, i: int, n: int):
-        rows = self.table[i].long()
-        k = self.k[rows].reshape(-1, self.s.hkv, self.s.d)[:n]
-        v = self.v[rows].reshape(-1, self.s.hkv, self.s.d)[:n]
-        return k, v
+        k, v = self._keys_of(i)
+        return k[:n], v[:n]
 
     def check(self, n: int, sample: int = 4) -> dict:
         """The output of sequences 0 .. sample-1 at ``n`` keys against the FP32 reference."""
