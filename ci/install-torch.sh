@@ -5,8 +5,9 @@
 # ci/torch-2.9.1.txt -> .venv-torch291/ (vLLM 0.16.0's): what CI's compatibility builds
 # (tests/vllm/test_compat_builds.py) and the doctor --vllm tests need. Idempotent: a stamp holds the
 # sha256 of the requirements file, and a second run with the same file installs nothing. The wheels
-# are kept in $FA2PATCH_CACHE/wheels (default ~/.cache/fa2patch/wheels) and installed from there,
-# so a fresh clone on the same machine downloads nothing (pip's own cache is not kept on our machines).
+# are kept in $FA2PATCH_CACHE/wheels/<torch-version> (default ~/.cache/fa2patch/wheels/...) and installed
+# from there, so a fresh clone on the same machine downloads nothing (pip's own cache is not kept on our
+# machines); a folder per requirements file, so that ci/test.sh can run two of these at once.
 #   bash ci/install-torch.sh ci/torch-2.14.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
 start=$SECONDS
-wheels=${FA2PATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fa2patch}/wheels
+wheels=${FA2PATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fa2patch}/wheels/$version
 mkdir -p "$wheels"
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
 pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)

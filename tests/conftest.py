@@ -21,6 +21,20 @@ from helpers import (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """ci/test.sh runs the suite on every core (pytest-xdist, --dist loadgroup). Each worker makes its
+    own session fixtures (the real series replayed and built: a ccache hit after the first); the tests
+    that share a module-scoped fixture (a compatibility build, the vLLM CMake build, a wheel) form one
+    group that runs on one worker, so that fixture is made once; every other test goes to whichever
+    worker is free."""
+    for item in items:
+        fixtures = getattr(item, "_fixtureinfo", None)  # pytest's per-test fixture closure
+        defs = fixtures.name2fixturedefs.values() if fixtures else []
+        if any(d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 def toolchain_table() -> str:
     """This repository's [toolchain] table, as TOML text."""
     import tomlkit

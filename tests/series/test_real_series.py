@@ -272,15 +272,26 @@ def test_artifact_names_no_folder_of_this_machine(built_sm70, real_project):
 
 
 def test_build_is_reproducible_from_another_project_folder(built_sm70, real_project, tmp_path):
-    """The same locked series built in another folder gives a byte-identical extension."""
+    """The same locked series built in another folder gives a byte-identical extension, from the
+    same command lines (ninja runs in the build folder and spells every path through its links, so
+    the object cache serves a build in any folder). The second build compiles everything itself
+    (FA2PATCH_NO_CCACHE): two independent compilations, not one and a cache hit."""
     other = tmp_path / "elsewhere"
     shutil.copytree(real_project.root, other, ignore=shutil.ignore_patterns("work", "build"))
-    env = {**real_project.env, "FA2PATCH_ROOT": str(other)}
+    env = {**real_project.env, "FA2PATCH_ROOT": str(other), "FA2PATCH_NO_CCACHE": "1"}
     for args in (["replay"], ["build", "--arch", "sm_70"]):
         subprocess.run([sys.executable, "-m", "fa2patch", *args], env=env, check=True, capture_output=True)
-    mine = json.loads((built_sm70 / "manifest.json").read_text())["artifact"]["sha256"]
-    theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())["artifact"]["sha256"]
-    assert theirs == mine
+    mine = json.loads((built_sm70 / "manifest.json").read_text())
+    theirs = json.loads((other / "build" / "sm_70" / "manifest.json").read_text())
+    assert theirs["artifact"]["sha256"] == mine["artifact"]["sha256"]
+
+    def compile_commands(manifest):  # without the ccache launcher
+        return {k: [w for w in manifest["commands"][k] if Path(w).name != "ccache"] for k in ("cxx", "cuda")}
+
+    assert compile_commands(theirs) == compile_commands(mine)
+    commands = " ".join(compile_commands(mine)["cxx"] + compile_commands(mine)["cuda"])
+    assert str(real_project.root) not in commands and str(other) not in commands, commands
+    assert not any(w.startswith("-ffile-prefix-map") for w in commands.split())
 
 
 # --- One list each: head dims (C++), sources (build description), kernel tiles (build_info). ---

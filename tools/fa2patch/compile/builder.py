@@ -46,7 +46,7 @@ def defines(desc: BuildDescription, arch: str) -> list[str]:
     return [*desc.defines, *desc.arch(arch).defines, f"TORCH_EXTENSION_NAME={desc.name}", "NDEBUG"]
 
 
-def clang_cuda_flags(arch: str, cuda_path: Path, cuda_release: str) -> list[str]:
+def clang_cuda_flags(arch: str, cuda_path: Path | str, cuda_release: str) -> list[str]:
     """clang's flags for a CUDA source compiled for ``arch`` against the assembled CUDA folder of
     ``cuda_release`` ("12.8", baseline.lock's [toolchain] cuda)."""
     major, minor = cuda_release.split(".")
@@ -75,16 +75,32 @@ def nvcc_cuda_flags(arch: str) -> list[str]:
     ]
 
 
-def prefix_maps(tree: Path, site_packages: Path, build_dir: Path, python_include: str) -> list[str]:
-    """Map the workspace, torch's site-packages, the build folder and Python's headers away (header
-    paths end up in the binary through __FILE__, and through the debug info where -g is on), so
-    that the artifact does not depend on where it was built."""
-    return [
-        f"-ffile-prefix-map={tree}=fa2",
-        f"-ffile-prefix-map={site_packages}=site-packages",
-        f"-ffile-prefix-map={build_dir}=build",
-        f"-ffile-prefix-map={python_include}=python-include",
-    ]
+def folder_links(tree: Path, site_packages: Path, python_include: str) -> dict[str, Path]:
+    """The build folder's links to the folders a compile reads, by the name build.ninja spells them
+    with. ninja runs in the build folder, so every path on a command line is relative and names no
+    folder of this machine: the same series against the same torch gives the same commands in any
+    project folder (ccache hits across folders: CI's gate and its tests, a second checkout), and the
+    header paths that reach the binary through __FILE__ read fa2/..., site-packages/..."""
+    return {"fa2": tree.absolute(), "site-packages": site_packages.absolute(), "python-include": Path(python_include)}
+
+
+def make_links(build_dir: Path, links: dict[str, Path]) -> None:
+    for name, target in links.items():
+        link = build_dir / name
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        link.symlink_to(target, target_is_directory=True)
+
+
+def spell(path: Path | str, build_dir: Path, links: dict[str, Path]) -> str:
+    """``path`` as build.ninja spells it: relative to the build folder, through the link to the
+    deepest linked folder that holds it; a path outside all of them stays absolute."""
+    path = Path(path)
+    roots = sorted([(".", build_dir.absolute()), *links.items()], key=lambda item: -len(item[1].parts))
+    for name, root in roots:
+        if path.is_relative_to(root):
+            return str(Path(name) / path.relative_to(root))
+    return str(path)
 
 
 # What `fa2patch build --python` says when a torch cannot run the build (README: "V100 with vLLM
@@ -169,6 +185,7 @@ class Plan:
     # A build that cannot run with that torch (--allow-torch-without-sm70): why, and the CUDA
     # runtime verify preloads to load it there; None for a build that can.
     check_only: dict | None = None
+    links: dict[str, Path] = field(default_factory=dict)  # folder_links: what build.ninja's paths go through
 
 
 def plan(
@@ -205,14 +222,19 @@ def plan(
     if other_cuda:
         reasons.append(f"the CUDA math libraries' headers are those of the CUDA {cuda} wheels, not torch's pins")
     flags = [f"-D{d}" for d in defines(desc, arch)] + [f"-D_GLIBCXX_USE_CXX11_ABI={torch['cxx11_abi']}"]
-    includes = [f"-I{tree / d}" for d in desc.include_dirs]
+    links = folder_links(tree, Path(torch["site_packages"]), torch["python_include"])
+
+    def rel(path: Path | str) -> str:
+        return spell(path, build_dir, links)
+
+    includes = [f"-I{rel(tree / d)}" for d in desc.include_dirs]
     # The clang route's CUDA folder is made of wheels: the math libraries' headers come from torch's own
     # environment, at its pins. nvcc's toolkit has its own (the lab's CUDA 13 build).
-    includes += math_headers(torch, python) if comp.kind == "clang" and not other_cuda else []
+    math = math_headers(torch, python) if comp.kind == "clang" and not other_cuda else []
+    includes += [w if w == "-isystem" else rel(w) for w in math]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
-        includes += ["-isystem", str(p)]  # separate words: nvcc rejects -isystem<dir>
-    maps = prefix_maps(tree, Path(torch["site_packages"]), build_dir, torch["python_include"])
-    common = [*BASE_FLAGS, *maps, *flags, *includes]
+        includes += ["-isystem", rel(p)]  # separate words: nvcc rejects -isystem<dir>
+    common = [*BASE_FLAGS, *flags, *includes]
     launcher = [str(toolchain.find_ccache())] if toolchain.find_ccache() else []
     libs = [f"-L{p}" for p in torch["lib"]] + [f"-l{lib}" for lib in TORCH_LIBS]
     if comp.kind == "clang":
@@ -220,8 +242,8 @@ def plan(
         if cuda_path is None:
             raise EnvironmentProblem("clang route: no CUDA folder was assembled for clang's --cuda-path")
         cxx = [*launcher, str(comp.path)]
-        cxx_flags = [*common, "-isystem", str(cuda_path / "include")]
-        cuda_flags = [*common, *clang_cuda_flags(arch, cuda_path, pins.cuda)]
+        cxx_flags = [*common, "-isystem", rel(cuda_path / "include")]
+        cuda_flags = [*common, *clang_cuda_flags(arch, rel(cuda_path), pins.cuda)]
         link = [str(comp.path)]
         link_flags = ["-shared", *libs, f"-L{cuda_path / 'lib64'}", "-lcudart"]
         ptxas = cuda_path / "bin" / "ptxas"
@@ -238,7 +260,6 @@ def plan(
             "-O3",
             "-Xcompiler",
             "-fPIC",
-            *(f"-Xcompiler={m}" for m in maps),
             *flags,
             *includes,
             *nvcc_cuda_flags(arch),
@@ -252,7 +273,7 @@ def plan(
     if check_only and reasons:
         # The CUDA runtime the extension links, loaded by verify before it (torch brings another).
         check = {"why": reasons, "preload": [str(cudart.resolve())] if other_cuda else []}
-    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags, ptxas, torch, check)
+    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags, ptxas, torch, check, links)
 
 
 def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
@@ -260,7 +281,7 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
     artifact = build_dir / (desc.name + ARTIFACT_SUFFIX)
     lines = [
         "# generated by fa2patch build; do not edit",
-        f"builddir = {_ninja_path(build_dir)}",
+        "builddir = .",  # ninja runs in the build folder
         f"cxx = {_q(p.cxx)}",
         f"cxx_flags = {_q(p.cxx_flags)}",
         f"cuda = {_q(p.cuda)}",
@@ -288,9 +309,10 @@ def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, 
         for src in sources:
             obj = object_path(build_dir, src)
             objects.append(obj)
-            lines.append(f"build {_ninja_path(obj)}: {rule} {_ninja_path(tree / src)}")
-    lines.append(f"build {_ninja_path(artifact)}: link {' '.join(_ninja_path(o) for o in objects)}")
-    lines.append(f"default {_ninja_path(artifact)}")
+            lines.append(f"build {_ninja_path(obj, build_dir, p)}: {rule} {_ninja_path(tree / src, build_dir, p)}")
+    linked = " ".join(_ninja_path(o, build_dir, p) for o in objects)
+    lines.append(f"build {_ninja_path(artifact, build_dir, p)}: link {linked}")
+    lines.append(f"default {_ninja_path(artifact, build_dir, p)}")
     ninja_file = build_dir / "build.ninja"
     ninja_file.write_text("\n".join(lines) + "\n")
     return ninja_file
@@ -312,8 +334,8 @@ def ptxas_kernels(build_dir: Path, cuda_sources: list[str]) -> list[dict]:
     return [asdict(e) for e in entries.values() if e.entry]
 
 
-def _ninja_path(p: Path) -> str:
-    return str(p).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+def _ninja_path(path: Path, build_dir: Path, p: Plan) -> str:
+    return spell(path, build_dir, p.links).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
 def build(
@@ -337,9 +359,11 @@ def build(
         raise EnvironmentProblem(f"{tree}: workspace not found (run fa2patch replay)")
     desc = BuildDescription.load(tree)
     spec = desc.arch(arch)
+    build_dir = Path(build_dir).absolute()  # ninja runs there
     build_dir.mkdir(parents=True, exist_ok=True)
     clear_manifest(build_dir)
     p = plan(desc, arch, tree, build_dir, compiler_choice, pins, python, check_only)
+    make_links(build_dir, p.links)
     ninja_file = write_ninja(desc, arch, tree, build_dir, p)
     echo(
         f"build {desc.name} for {arch} with {p.compiler.kind} {p.compiler.version} against torch "
@@ -349,7 +373,7 @@ def build(
     if p.check_only:
         echo("check-only build (--allow-torch-without-sm70), not for packaging: " + "; ".join(p.check_only["why"]))
     cmd = [str(toolchain.find_ninja()), "-f", str(ninja_file), "-j", str(jobs or os.cpu_count() or 1)]
-    proc = subprocess.run(cmd, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
+    proc = subprocess.run(cmd, cwd=build_dir, env={**os.environ, "NINJA_STATUS": "[%f/%t %es] "}, stdout=sys.stderr)
     if proc.returncode != 0:
         raise BuildFailed(
             f"{ninja_file}: ninja failed with exit code {proc.returncode} (the compiler's message is above)"
