@@ -273,7 +273,9 @@ def plan(
     if check_only and reasons:
         # The CUDA runtime the extension links, loaded by verify before it (torch brings another).
         check = {"why": reasons, "preload": [str(cudart.resolve())] if other_cuda else []}
-    return Plan(comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags, ptxas, torch, check, links)
+    return Plan(
+        comp, cxx, cxx_flags, [*launcher, str(comp.path)], cuda_flags, link, link_flags, ptxas, torch, check, links
+    )
 
 
 def write_ninja(desc: BuildDescription, arch: str, tree: Path, build_dir: Path, p: Plan) -> Path:
