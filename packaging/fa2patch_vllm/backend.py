@@ -42,7 +42,43 @@ UNKNOWN_PER_REQUEST = ("mm_prefix_query_range_tensor", "rswa_prefix_lens", "dcp_
 def long_prefill_limits() -> dict:
     """The extension's long-prefill range and switch (route_stats()["long_prefill"]; the switch,
     VLLM_FLASH_V100_PREFILL_D256_GQA_ARCH_128K_EXPERIMENTAL, is read anew on every build)."""
-    return json.loads(torch.ops._vllm_fa2_C.route_stats())["long_prefill"]
+    return json.loads(extension_ops().route_stats())["long_prefill"]
+
+
+def extension_ops():
+    return torch.ops._vllm_fa2_C
+
+
+# Bytes reserved in vLLM's profiling run, per (device, query rows, query heads, KV heads).
+RESERVED: dict[tuple, int] = {}
+
+
+def reserve_long_prefill_workspace(rows: int, heads_q: int, heads_k: int, device) -> int:
+    """Allocate, and free at once, what a long prefill chunk of ``rows`` query rows needs: the route's
+    workspace (gqa_prefill_workspace_bytes; it does not grow with the keys) and the router's transient
+    buffers (an LSE of 8 bytes per query row and head). vLLM sizes its KV cache from the peak of torch's
+    allocations in a profiling run whose batch (max_num_batched_tokens rows, attn_metadata None) never
+    reaches the long-prefill route; the workspace, allocated later through torch's allocator, would
+    come out of the headroom vLLM left for everything else (0.87 GiB for 4,096 rows of 12/2 x 256).
+    Allocated here, it is in the profile's peak, and vLLM leaves room for it. Nothing for batches no
+    chunk of which could qualify, or when the route is off. Returns the bytes reserved."""
+    limits = long_prefill_limits()
+    if not limits["enabled"] or rows < int(limits["min_seqlen_q"]):
+        return 0
+    key = (str(device), rows, heads_q, heads_k)
+    if key not in RESERVED:
+        size = int(extension_ops().gqa_prefill_workspace_bytes(rows, rows, heads_q, heads_k)) + 8 * rows * heads_q
+        torch.empty(size, dtype=torch.uint8, device=device)
+        RESERVED[key] = size
+        logger.info(
+            "fa2patch-vllm: %d bytes for the long-prefill route (workspace and buffers of a chunk of %d rows, "
+            "%d/%d heads) in vLLM's profiling run, so that its KV cache leaves room for them",
+            size,
+            rows,
+            heads_q,
+            heads_k,
+        )
+    return RESERVED[key]
 
 
 @functools.cache
@@ -125,6 +161,8 @@ class V100FlashAttentionMetadataBuilder(FlashAttentionMetadataBuilder):
 
 class V100FlashAttentionImpl(FlashAttentionImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output=None, *args, **kwargs):
+        if attn_metadata is None and self.long_prefill_layer():  # vLLM's profiling run
+            reserve_long_prefill_workspace(query.shape[0], self.num_heads, self.num_kv_heads, query.device)
         parts = getattr(attn_metadata, "fa2patch_segments", None)
         if not parts or not self.long_prefill_layer():
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)

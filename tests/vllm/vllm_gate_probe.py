@@ -130,7 +130,36 @@ def backend_facts(cap) -> dict:
         for seg in plan
         for r in [backend.restricted(md, seg)]
     ]
+    facts["profile_run"] = profile_run_facts(backend)
     return facts
+
+
+def profile_run_facts(backend) -> dict:
+    """vLLM's profiling run (attn_metadata None) through the impl and this release's own
+    FlashAttentionImpl.forward, with an extension stand-in whose workspace is 1,000 bytes per row plus
+    the query heads: what the impl reserves for which layer and batch."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.attention.backends import flash_attn
+
+    limits = {"enabled": True, "min_seqlen_q": 1024, "min_seqlen_k": 16384, "max_group": 16}
+    backend.extension_ops = lambda: SimpleNamespace(
+        route_stats=lambda: json.dumps({"long_prefill": limits}),
+        gqa_prefill_workspace_bytes=lambda q, k, hq, hk: 1000 * q + hq,
+    )
+    ran = []
+    for rows, hq, hkv, d in ((4096, 12, 2, 256), (4096, 12, 2, 256), (512, 12, 2, 256), (4096, 32, 8, 128)):
+        impl = object.__new__(backend.V100FlashAttentionImpl)
+        impl.__dict__.update(
+            num_heads=hq, num_kv_heads=hkv, head_size=d, attn_type=flash_attn.AttentionType.DECODER,
+            sliding_window=None, logits_soft_cap=None, alibi_slopes=None, vllm_flash_attn_version=2,
+        )  # fmt: skip
+        query = torch.ones(rows, hq, d, dtype=torch.float16)
+        out = impl.forward(None, query, query, query, None, None, output=torch.ones_like(query))
+        ran.append({"rows": rows, "heads": f"{hq}/{hkv}x{d}", "output_zeroed": not out.any().item()})
+    return {"calls": ran, "reserved": [[*key, size] for key, size in backend.RESERVED.items()]}
 
 
 if __name__ == "__main__":
