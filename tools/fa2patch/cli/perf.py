@@ -101,9 +101,12 @@ def report(ctx, arch, launches, shapes, sms, clock_mhz, dram_gbs, splits, anchor
     from fa2patch.compile.extension import load_manifest
     from fa2patch.model.report import report as do_report
     from fa2patch.model.report_text import render
+    from fa2patch.model.user_anchors import read_bench
     from fa2patch.model.v100model import Card
 
     shape_list = parse_shapes(shapes) if shapes is not None else []
+    for path in anchor_files:  # a malformed bench file is refused before the build is read
+        read_bench(path)
     if plot_path is not None:
         if plot_path.suffix not in (".svg", ".png"):
             raise click.BadParameter(f"expected a .svg or .png file name, got {plot_path}", param_hint="--plot")

@@ -24,10 +24,11 @@ import tomlkit
 from fa2patch.common.errors import CheckFailed, EnvironmentProblem, mismatch
 
 FORMAT = 2
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-PATCH_NAME_RE = re.compile(r"^(\d{4})-[a-z0-9][a-z0-9-]*\.patch$")
-PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+-]*)$")
+# \Z, not $, ends the patterns: $ also matches before a final newline ("...\n").
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+PATCH_NAME_RE = re.compile(r"^([0-9]{4})-[a-z0-9][a-z0-9-]*\.patch\Z")
+PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][0-9A-Za-z.+-]*)\Z")
 SDIST_SUFFIX = ".tar.gz"
 
 
@@ -98,6 +99,7 @@ class Lock:
     def __init__(self, path: Path, doc: tomlkit.TOMLDocument):
         self.path = Path(path)
         self.doc = doc
+        self._plain = doc.unwrap()  # plain Python values to check (tomlkit gives a bare bool for true/false)
         self._check_format()
         self.baseline = self._baseline()
         self.toolchain = self._toolchain()
@@ -119,25 +121,25 @@ class Lock:
         return CheckFailed(f"{self.path}: {message}")
 
     def _check_format(self) -> None:
-        value = self.doc.get("format")
+        value = self._plain.get("format")
         if value is None:
             raise self._fail("missing format")
-        if type(value.unwrap()) is not int or value != FORMAT:
+        if type(value) is not int or value != FORMAT:
             raise CheckFailed(
-                mismatch("format", str(self.path), FORMAT, value.unwrap())
-                + "\n  (a lock written for another fa2patch version)"
+                mismatch("format", str(self.path), FORMAT, value) + "\n  (a lock written for another fa2patch version)"
             )
-        unknown = sorted(set(self.doc) - TOP_LEVEL)
+        unknown = sorted(set(self._plain) - TOP_LEVEL)
         if unknown:
             raise self._fail(
                 f"unknown top-level field(s) {', '.join(unknown)} (expected only {', '.join(sorted(TOP_LEVEL))})"
             )
 
     def _table(self, name: str, cls, kinds: dict) -> dict:
-        table = self.doc.get(name)
+        table = self._plain.get(name)
         if table is None:
             raise self._fail(f"missing [{name}]")
-        table = table.unwrap()
+        if not isinstance(table, dict):
+            raise self._fail(f"[{name}] must be a table, got {table!r}")
         fields = cls.__dataclass_fields__
         unknown = sorted(set(table) - set(fields))
         missing = [f for f in fields if f not in table]
@@ -177,9 +179,9 @@ class Lock:
     def _toolchain(self) -> Toolchain:
         raw = self._table("toolchain", Toolchain, {"wheels": list})
         t = Toolchain(**{**raw, "wheels": tuple(raw["wheels"])})
-        if not re.fullmatch(r"\d+\.\d+", t.cuda) or not re.fullmatch(r"\d+", t.clang):
+        if not re.fullmatch(r"[0-9]+\.[0-9]+", t.cuda) or not re.fullmatch(r"[0-9]+", t.clang):
             raise self._fail(f"[toolchain] cuda must be MAJOR.MINOR and clang MAJOR, got {t.cuda!r} and {t.clang!r}")
-        if not re.fullmatch(r"\d+(\.\d+)*", t.torch):
+        if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", t.torch):
             raise self._fail(f"[toolchain] torch must be a release number, got {t.torch!r}")
         for pin in (*t.wheels, t.fatbinary_wheel):
             if not isinstance(pin, str) or not PIN_RE.match(pin):
@@ -195,18 +197,25 @@ class Lock:
         return t
 
     def _patches(self) -> list[PatchEntry]:
+        items = self._plain.get("patches", [])
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            raise self._fail(f"patches must be an array of tables ([[patches]]), got {items!r}")
         entries = []
-        for i, item in enumerate(self.doc.get("patches", []), start=1):
-            raw = item.unwrap()
-            fields = PatchEntry.__dataclass_fields__
+        fields = PatchEntry.__dataclass_fields__
+        for i, raw in enumerate(items, start=1):
             if set(raw) != set(fields):
                 raise self._fail(f"patch #{i}: fields {sorted(raw)}, expected {sorted(fields)}")
-            entry = PatchEntry(**{k: str(raw[k]) for k in fields})
+            wrong = next((k for k in fields if not isinstance(raw[k], str)), None)
+            if wrong is not None:
+                raise self._fail(f"patch #{i}: {wrong} must be str, got {raw[wrong]!r}")
+            entry = PatchEntry(**{k: raw[k] for k in fields})
             m = PATCH_NAME_RE.match(entry.file)
             if not m or int(m.group(1)) != i:
                 raise self._fail(f"patch #{i} file name must be {i:04d}-<slug>.patch, got {entry.file!r}")
-            if not SHA256_RE.match(entry.sha256) or not DIGEST_RE.match(entry.tree_digest):
-                raise self._fail(f"patch {entry.file}: malformed sha256 or tree_digest")
+            if not SHA256_RE.match(entry.sha256):
+                raise self._fail(f"patch {entry.file}: sha256 is not 64 hex digits: {entry.sha256!r}")
+            if not DIGEST_RE.match(entry.tree_digest):
+                raise self._fail(f"patch {entry.file}: tree_digest is not sha256:<hex>: {entry.tree_digest!r}")
             entries.append(entry)
         return entries
 

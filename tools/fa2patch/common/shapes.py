@@ -3,6 +3,7 @@
 work they carry (``attended_pairs``, ``useful_flops``)."""
 
 import itertools
+import math
 import re
 from dataclasses import dataclass
 
@@ -43,7 +44,8 @@ def parse_shapes(text: str) -> list[Shape]:
     each: vLLM's chunked prefill batches a prefill chunk with running requests' decodes; default
     0), dkv (the keys each decode row attends to, default kv) and page (bench: K/V in a paged cache
     of that many tokens per block, a multiple of 16 as FA2's paged KV needs; default 0, contiguous;
-    the model does not see it)."""
+    the model does not see it). Each key once per group; q, kv, hq, hkv, d and b at least 1; scale a
+    positive finite number. Anything else is refused, naming the key, what it takes and the value."""
     keys = ("q", "kv", "hq", "hkv", "d", "causal", "scale", "b", "decode", "dkv", "page")
     shapes = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
@@ -52,12 +54,16 @@ def parse_shapes(text: str) -> list[Shape]:
             key, sep, value = item.strip().partition("=")
             if not sep or key not in keys:
                 raise EnvironmentProblem(f"--shapes: expected key=value with key in {', '.join(keys)}; got {item!r}")
+            if key in fields:
+                raise EnvironmentProblem(f"--shapes: {key} given twice in {group!r}: expected it once")
             fields[key] = value
         missing = {"q", "kv", "hq", "hkv", "d"} - set(fields)
         if missing:
             raise EnvironmentProblem(f"--shapes: {group!r} lacks {', '.join(sorted(missing))}")
+        if fields.get("causal", "1") not in ("0", "1"):
+            raise EnvironmentProblem(f"--shapes: causal: expected 0 or 1, got {fields['causal']!r}")
         sweeps = {k: _values(k, v) for k, v in fields.items() if k not in ("causal", "scale")}
-        scale = float(fields["scale"]) if "scale" in fields else None
+        scale = _scale(fields["scale"]) if "scale" in fields else None
         for b, q, kv, hq, hkv, d, decode, dkv, page in itertools.product(
             sweeps.get("b", [1]),
             sweeps["q"],
@@ -97,13 +103,30 @@ def parse_shapes(text: str) -> list[Shape]:
     return shapes
 
 
+# The keys whose values count something and must be at least 1 (decode, dkv and page may be 0: none).
+POSITIVE = ("q", "kv", "hq", "hkv", "d", "b")
+
+
 def _values(key: str, value: str) -> list[int]:
-    m = re.fullmatch(r"(\d+)(?::(\d+):(\d+))?", value)
+    m = re.fullmatch(r"([0-9]+)(?::([0-9]+):([0-9]+))?", value)
     if not m or (m.group(3) and int(m.group(3)) <= 0):
         raise EnvironmentProblem(f"--shapes: {key}={value!r} is not N or START:END:STEP")
-    if not m.group(2):
-        return [int(m.group(1))]
-    return list(range(int(m.group(1)), int(m.group(2)) + 1, int(m.group(3))))
+    values = [int(m.group(1))] if not m.group(2) else list(range(int(m.group(1)), int(m.group(2)) + 1, int(m.group(3))))
+    if not values:
+        raise EnvironmentProblem(f"--shapes: {key}={value!r} sweeps nothing: expected START <= END")
+    if key in POSITIVE and values[0] < 1:
+        raise EnvironmentProblem(f"--shapes: {key}: expected an integer >= 1, got {value!r}")
+    return values
+
+
+def _scale(value: str) -> float:
+    try:
+        scale = float(value)
+    except ValueError:
+        scale = math.nan
+    if not math.isfinite(scale) or scale <= 0:
+        raise EnvironmentProblem(f"--shapes: scale: expected a positive finite number, got {value!r}")
+    return scale
 
 
 def attended_pairs(q: int, kv: int, causal: bool) -> int:

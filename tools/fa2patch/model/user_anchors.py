@@ -7,7 +7,8 @@ that card (report.route_launches, with the file's SM count); clock = the median 
 sampled during the case's timed calls (``clocks.sm_clock_mhz.median``), or where NVML was not
 sampled the SM clock nvidia-smi read right after them (``sm_clock_after``). The model runs the
 anchor at that measured clock, not at the one its tensor duty would allow (v100model.route_timer).
-A file from another GPU is refused; a case without a time or a clock is left out and listed.
+A file from another GPU is refused, and so is one whose cases are not what bench writes (check_case:
+the field, what it takes and its value); a case without a time or a clock is left out and listed.
 
 The user anchors are fitted together with the published ones (calibration.calibrate), one
 weight each; ``movement`` says how the parameters and the range moved, and each user anchor's
@@ -15,6 +16,7 @@ residual and leave-one-out residual.
 """
 
 import json
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +32,7 @@ def read_bench(path: Path) -> dict:
     """A bench JSON file from an SM70 card, with its SM count; refused otherwise."""
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: arrays nested too deep
         raise EnvironmentProblem(f"--anchors {path}: cannot read it as JSON: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise EnvironmentProblem(
@@ -46,7 +48,61 @@ def read_bench(path: Path) -> dict:
     sms = doc.get("sms")
     if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
         raise EnvironmentProblem(f"--anchors {path}: the file records no SM count ('sms': {sms!r})")
+    for i, case in enumerate(doc["results"]):
+        check_case(case, f"--anchors {path}: results[{i}]")
     return doc
+
+
+# A case's shape as bench writes it (dataclasses.asdict(Shape)): these keys, each at least its minimum
+# (b, decode, decode_kv and page may be left out: Shape's defaults).
+SHAPE_MINIMUM = {"q": 1, "kv": 1, "hq": 1, "hkv": 1, "d": 1, "b": 1, "decode": 0, "decode_kv": 0, "page": 0}
+SHAPE_REQUIRED = ("q", "kv", "hq", "hkv", "d", "causal", "scale")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_case(case, where: str) -> None:
+    """Refuse a case whose fields anchors_from reads are not what bench writes, naming the field,
+    what it takes and its value. A case without a time or a clock is well formed (it is left out)."""
+    if not isinstance(case, dict):
+        raise EnvironmentProblem(f"{where}: expected an object (a bench case), actual {case!r}")
+    shape = case.get("shape")
+    if not isinstance(shape, dict):
+        raise EnvironmentProblem(
+            f"{where}.shape: expected an object with {', '.join(SHAPE_REQUIRED)}, actual {shape!r}"
+        )
+    unknown = sorted(set(shape) - set(SHAPE_MINIMUM) - set(SHAPE_REQUIRED))
+    missing = [k for k in SHAPE_REQUIRED if k not in shape]
+    if unknown or missing:
+        raise EnvironmentProblem(f"{where}.shape: unknown key(s) {unknown}, missing key(s) {missing}")
+    for key, low in SHAPE_MINIMUM.items():
+        value = shape.get(key, low)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise EnvironmentProblem(f"{where}.shape.{key}: expected an integer >= {low}, actual {value!r}")
+    if not isinstance(shape["causal"], bool):
+        raise EnvironmentProblem(f"{where}.shape.causal: expected true or false, actual {shape['causal']!r}")
+    if not _number(shape["scale"]) or shape["scale"] <= 0:
+        raise EnvironmentProblem(f"{where}.shape.scale: expected a positive finite number, actual {shape['scale']!r}")
+    for key in ("label", "route", "error", "sm_clock_after"):
+        if case.get(key) is not None and not isinstance(case[key], str):
+            raise EnvironmentProblem(f"{where}.{key}: expected null or a string, actual {case[key]!r}")
+    if case.get("median_ms") is not None and not _number(case["median_ms"]):
+        raise EnvironmentProblem(
+            f"{where}.median_ms: expected null or a finite number (ms), actual {case['median_ms']!r}"
+        )
+    clocks = case.get("clocks")
+    sm = clocks.get("sm_clock_mhz") if isinstance(clocks, dict) else None
+    median = sm.get("median") if isinstance(sm, dict) else None
+    if clocks is not None and (not isinstance(clocks, dict) or (sm is not None and not isinstance(sm, dict))):
+        raise EnvironmentProblem(
+            f"{where}.clocks: expected null or an object whose sm_clock_mhz is null or an object, actual {clocks!r}"
+        )
+    if median is not None and (not _number(median) or median < 0):
+        raise EnvironmentProblem(
+            f"{where}.clocks.sm_clock_mhz.median: expected null or a finite number >= 0 (MHz), actual {median!r}"
+        )
 
 
 def case_clock(case: dict) -> tuple[float, str] | None:
