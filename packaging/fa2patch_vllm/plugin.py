@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import importlib.abc
 import logging
+import math
+import os
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger("vllm.fa2patch_vllm")  # under vLLM's logger: its handler and format
@@ -91,8 +95,6 @@ def register_v100_backend() -> bool:
     """FLASH_ATTN's class becomes fa2patch's V100 backend (backend.py: each long prefill chunk of a
     batch in a call of its own), through vLLM's own registry; FA2PATCH_VLLM_BACKEND=0 keeps vLLM's
     class (its gates still lifted)."""
-    import os
-
     switch = os.environ.get(BACKEND_SWITCH, "1")
     if switch not in ("0", "1"):
         logger.error(
@@ -169,6 +171,7 @@ def lift_interface_gate(interface) -> None:
     interface._is_fa2_supported = _is_fa2_supported
     if fa2patch_ops_loaded():
         install_routing_profile()
+        start_route_stats_log()
 
 
 def install_routing_profile() -> None:
@@ -185,6 +188,48 @@ def install_routing_profile() -> None:
             result["path"],
             result["reason"],
         )
+
+
+ROUTE_STATS_EVERY = "FA2PATCH_VLLM_ROUTE_STATS_SECONDS"
+
+
+def start_route_stats_log(read: Callable[[], str] | None = None) -> threading.Event | None:
+    """FA2PATCH_VLLM_ROUTE_STATS_SECONDS=N (N > 0): every N seconds one log line with the extension's
+    route_stats() JSON (calls per route and kernel, fallbacks and their reasons, the workspace held, the
+    routing profile in force), from a daemon thread of each process that loaded the extension: a served
+    model's routes, read from its log. Under CUDA graphs Python does not run per step, so a thread, not
+    the attention layer, writes it. Unset or 0: no line. Returns the event that stops the thread."""
+    value = os.environ.get(ROUTE_STATS_EVERY, "").strip()
+    if value in ("", "0"):
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        logger.error(
+            "fa2patch-vllm: %s must be a number of seconds > 0 (or unset, or 0: no log); got %r: no route_stats log",
+            ROUTE_STATS_EVERY,
+            value,
+        )
+        return None
+    if read is None:
+        import torch
+
+        read = torch.ops._vllm_fa2_C.route_stats
+    stop = threading.Event()
+
+    def log_every_period() -> None:
+        while not stop.wait(seconds):
+            try:
+                logger.info("fa2patch-vllm: route_stats %s", read())
+            except Exception as exc:  # a broken read must not repeat every period, nor stop the server
+                logger.warning("fa2patch-vllm: route_stats() failed (%r): no more route_stats lines", exc)
+                return
+
+    threading.Thread(target=log_every_period, name="fa2patch-route-stats", daemon=True).start()
+    logger.info("fa2patch-vllm: route_stats() logged every %g s (%s)", seconds, ROUTE_STATS_EVERY)
+    return stop
 
 
 def lift_backend_gate(backend) -> None:
