@@ -61,13 +61,17 @@ def reserve_long_prefill_workspace(rows: int, heads_q: int, heads_k: int, device
     reaches the long-prefill route; the workspace, allocated later through torch's allocator, would
     come out of the headroom vLLM left for everything else (0.87 GiB for 4,096 rows of 12/2 x 256).
     Allocated here, it is in the profile's peak, and vLLM leaves room for it. Nothing for batches no
-    chunk of which could qualify, or when the route is off. Returns the bytes reserved."""
+    chunk of which could qualify, when the route is off, or when the workspace would exceed the route's
+    cap (FA2PATCH_PREFILL_WORKSPACE_CAP_MIB: such chunks take the exact route). Returns the bytes reserved."""
     limits = long_prefill_limits()
     if not limits["enabled"] or rows < int(limits["min_seqlen_q"]):
         return 0
     key = (str(device), rows, heads_q, heads_k)
     if key not in RESERVED:
-        size = int(extension_ops().gqa_prefill_workspace_bytes(rows, rows, heads_q, heads_k)) + 8 * rows * heads_q
+        workspace = int(extension_ops().gqa_prefill_workspace_bytes(rows, rows, heads_q, heads_k))
+        if workspace > int(limits["workspace_cap_bytes"]):
+            return 0
+        size = workspace + 8 * rows * heads_q
         torch.empty(size, dtype=torch.uint8, device=device)
         RESERVED[key] = size
         logger.info(

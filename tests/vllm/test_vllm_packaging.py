@@ -293,8 +293,8 @@ def test_the_v100_backend_is_flash_attn_on_7_0_only(wheel_python, vllm_sources, 
     assert ours["long_prefill_group"] == {"6/1x256": True, "32/8x128": False, "17/1x256": False, "48/4x256": True}
     # vLLM's profiling run: this release's forward returns at once (zeroed output), and the impl reserves
     # a long prefill chunk's workspace (the stand-in's 1,000 bytes per row + heads) and LSE (8 bytes per row
-    # and query head) once, for the batch's 4,096 rows of 12/2 x 256; nothing below min_seqlen_q rows or
-    # for heads the route cannot serve.
+    # and query head) once, for the batch's 4,096 rows of 12/2 x 256; nothing below min_seqlen_q rows, for
+    # heads the route cannot serve, or for 16,384 rows, whose workspace exceeds the stand-in's cap.
     profile = ours["profile_run"]
     assert all(call["output_zeroed"] for call in profile["calls"]), profile
     assert profile["reserved"] == [["cpu", 4096, 12, 2, 1000 * 4096 + 12 + 8 * 4096 * 12]]

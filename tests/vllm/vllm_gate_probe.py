@@ -145,12 +145,14 @@ def profile_run_facts(backend) -> dict:
     from vllm.v1.attention.backends import flash_attn
 
     limits = {"enabled": True, "min_seqlen_q": 1024, "min_seqlen_k": 16384, "max_group": 16}
+    limits["workspace_cap_bytes"] = 10_000_000  # the stand-in's 16,384 rows exceed it
     backend.extension_ops = lambda: SimpleNamespace(
         route_stats=lambda: json.dumps({"long_prefill": limits}),
         gqa_prefill_workspace_bytes=lambda q, k, hq, hk: 1000 * q + hq,
     )
     ran = []
-    for rows, hq, hkv, d in ((4096, 12, 2, 256), (4096, 12, 2, 256), (512, 12, 2, 256), (4096, 32, 8, 128)):
+    layers = ((4096, 12, 2, 256), (4096, 12, 2, 256), (512, 12, 2, 256), (4096, 32, 8, 128), (16384, 12, 2, 256))
+    for rows, hq, hkv, d in layers:
         impl = object.__new__(backend.V100FlashAttentionImpl)
         impl.__dict__.update(
             num_heads=hq, num_kv_heads=hkv, head_size=d, attn_type=flash_attn.AttentionType.DECODER,
