@@ -89,6 +89,8 @@ def make_links(build_dir: Path, links: dict[str, Path]) -> None:
         link = build_dir / name
         if link.is_symlink() or link.is_file():
             link.unlink()
+        elif link.exists():
+            raise BuildFailed(f"{link}: expected a link to {target} made by fa2patch build, found a folder (remove it)")
         link.symlink_to(target, target_is_directory=True)
 
 
@@ -230,8 +232,8 @@ def plan(
     includes = [f"-I{rel(tree / d)}" for d in desc.include_dirs]
     # The clang route's CUDA folder is made of wheels: the math libraries' headers come from torch's own
     # environment, at its pins. nvcc's toolkit has its own (the lab's CUDA 13 build).
-    math = math_headers(torch, python) if comp.kind == "clang" and not other_cuda else []
-    includes += [w if w == "-isystem" else rel(w) for w in math]
+    math_includes = math_headers(torch, python) if comp.kind == "clang" and not other_cuda else []
+    includes += [w if w == "-isystem" else rel(w) for w in math_includes]
     for p in [*(tree / d for d in desc.system_include_dirs), *torch["include"], torch["python_include"]]:
         includes += ["-isystem", rel(p)]  # separate words: nvcc rejects -isystem<dir>
     common = [*BASE_FLAGS, *flags, *includes]
