@@ -7,6 +7,8 @@
 WORK holds the models, each run's JSON and log; OUT gets results-MODEL.json per model (what
 comes back from a device call: few files). ENGINE_MODELS and ENGINE_RUNS (comma-separated names)
 choose a part of the set, e.g. one model per device call.
+ENGINE_CAPTURE_SIZES=default leaves the CUDA graph capture sizes to vLLM (else batches of 1-8);
+ENGINE_PROFILE=1 records the attention kernels launched during the requests (graph replays included).
 
 Random-weight Qwen3-style models built here with transformers (nothing downloaded): "gqa256" (6
 query heads, 1 KV head of 256: the long-prefill route's shape) and "gqa128" (32/8 heads of 128).
@@ -22,6 +24,7 @@ tokens, prompt logprobs, route_stats() and, for the V100 backend, every batch's 
 ``fa2patch.lab.engine judge`` decides.
 """
 
+import contextlib
 import itertools
 import json
 import os
@@ -92,6 +95,31 @@ def record_segments(log: list) -> None:
     segments.plan = logged
 
 
+def capture_sizes() -> dict:
+    """ENGINE_CAPTURE_SIZES=default: vLLM's own capture sizes (issue 37's engine check); otherwise the
+    recipe's batches of 1-8."""
+    return {} if os.environ.get("ENGINE_CAPTURE_SIZES") == "default" else {"cudagraph_capture_sizes": [1, 2, 4, 8]}
+
+
+@contextlib.contextmanager
+def kernel_census():
+    """ENGINE_PROFILE=1: torch.profiler around the requests; yields a dict filled with the attention
+    kernels' launch counts by name (CUPTI reports the kernels of CUDA graph replays too), so a run
+    shows which kernel its decode steps replayed. Unset: an empty dict, no profiler."""
+    counts: dict = {}
+    if os.environ.get("ENGINE_PROFILE") != "1":
+        yield counts
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield counts
+    for event in prof.events():
+        name = event.name
+        if event.device_type.name == "CUDA" and any(k in name.lower() for k in ("flash", "sm70", "attn", "decode")):
+            counts[name[:160]] = counts.get(name[:160], 0) + 1
+
+
 def one(out: Path, model: str, label: str) -> dict:
     import torch
     from vllm import LLM, SamplingParams
@@ -115,13 +143,15 @@ def one(out: Path, model: str, label: str) -> dict:
         enable_prefix_caching=False,
         gpu_memory_utilization=0.5,
         enforce_eager=not graphs,
-        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4, 8]},
+        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"} | capture_sizes(),
         attention_config=attention,
     )
+    started = json.loads(torch.ops._vllm_fa2_C.route_stats()) if version == 2 else None
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, prompt_logprobs=0, ignore_eos=True, detokenize=False
     )
-    results = llm.generate([{"prompt_token_ids": p} for p in prompts()], params)
+    with kernel_census() as kernels:
+        results = llm.generate([{"prompt_token_ids": p} for p in prompts()], params)
     record = {
         "backend": backend,
         "flash_attn_version": version,
@@ -136,6 +166,9 @@ def one(out: Path, model: str, label: str) -> dict:
     if version == 2:
         record["extension"] = torch.ops._vllm_fa2_C.extension_path()
         record["route_stats"] = json.loads(torch.ops._vllm_fa2_C.route_stats())
+        record["route_stats_after_start"] = started  # graph capture's calls: the routes the replays run
+    if kernels:
+        record["kernels"] = kernels
     if v100:
         record["segments"] = segment_log
     return record
