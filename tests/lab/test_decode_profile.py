@@ -34,3 +34,25 @@ def test_the_profile_needs_a_json_file_unless_once(capsys):
         dp.main(["--artifact", "x.so"])
     assert exit_info.value.code == 2
     assert "--json-file is required unless --once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dp.main(["--once"])
+    assert "--artifact is required unless --ncu-csv" in capsys.readouterr().err
+
+
+def test_ncu_summary_keeps_the_key_metrics_of_the_csv_rows():
+    log = "\n".join(
+        [
+            "==PROF== Connected to process 1",
+            '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"',
+            '"0","decode<256, 6>(params)","SOL","Duration","us","25.31"',
+            '"0","decode<256, 6>(params)","SOL","L1/TEX Hit Rate","%","1.0"',
+            '"1","combine_wide(params)","Occupancy","Achieved Occupancy","%","12.5"',
+            "==PROF== Disconnected from process 1",
+        ]
+    )
+    assert dp.ncu_summary(log) == [
+        {"id": "0", "kernel": "decode<256, 6>(params)", "metric": "Duration",
+         "value": "25.31", "unit": "us"},
+        {"id": "1", "kernel": "combine_wide(params)",
+         "metric": "Achieved Occupancy", "value": "12.5", "unit": "%"},
+    ]  # fmt: skip

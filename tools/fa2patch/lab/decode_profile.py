@@ -13,6 +13,7 @@
 """
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -35,6 +36,36 @@ def device_activities(prof) -> list[dict]:
     first = events[0].time_range.start if events else 0
     return [
         {"name": e.name[:200], "us": e.time_range.elapsed_us(), "start_us": e.time_range.start - first} for e in events
+    ]
+
+
+# Nsight Compute's metrics that say where a memory-bound kernel's time goes.
+NCU_METRICS = (
+    "Duration",
+    "DRAM Throughput",
+    "Memory Throughput",
+    "Achieved Occupancy",
+    "Theoretical Occupancy",
+    "Registers Per Thread",
+    "Warp Cycles Per Issued Instruction",
+    "Grid Size",
+)
+
+
+def ncu_summary(text: str) -> list[dict]:
+    """The NCU_METRICS rows of ``ncu --csv --page details`` output (its own ==PROF== lines and the
+    program's output skipped): kernel, launch ID, metric, value, unit."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    return [
+        {
+            "id": row["ID"],
+            "kernel": row["Kernel Name"],
+            "metric": row["Metric Name"],
+            "value": row["Metric Value"],
+            "unit": row["Metric Unit"],
+        }
+        for row in csv.DictReader(lines)
+        if row.get("Metric Name") in NCU_METRICS
     ]
 
 
@@ -71,10 +102,18 @@ def profile_shape(torch, ops, s: DecodeShape) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--artifact", required=True)
+    parser.add_argument("--artifact")
     parser.add_argument("--json-file")
     parser.add_argument("--once", action="store_true", help="one eager call per shape (under ncu)")
+    parser.add_argument("--ncu-csv", help="print the key metrics of an ncu --csv --page details log, and stop")
     args = parser.parse_args(argv)
+    if args.ncu_csv:
+        with open(args.ncu_csv) as f:
+            for row in ncu_summary(f.read()):
+                print(f"{row['id']:>3} {row['kernel'][:70]:70s} {row['metric']:36s} {row['value']:>12s} {row['unit']}")
+        return 0
+    if not args.artifact:
+        parser.error("--artifact is required unless --ncu-csv")
     if not args.once and not args.json_file:
         parser.error("--json-file is required unless --once")
     os.environ.setdefault("FA2PATCH_FORCE_SM70", "1")
@@ -90,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             Case(torch, ops, s).call()
             torch.cuda.synchronize()
         return 0
-    result = {"gpu": torch.cuda.get_device_name(), "shapes": [profile_shape(torch, ops, s) for s in SHAPES]}
-    for shape in result["shapes"]:
+    shapes = [profile_shape(torch, ops, s) for s in SHAPES]
+    result = {"gpu": torch.cuda.get_device_name(), "shapes": shapes}
+    for shape in shapes:
         print(f"{shape['label']}: eager host {shape['eager_host_us_median']:.1f} us")
         for part in ("eager", "graph_replay"):
             total = sum(a["us"] for a in shape[part])
