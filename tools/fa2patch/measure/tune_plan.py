@@ -41,6 +41,7 @@ from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.routes import DECODE, DECODE_HEAD_DIMS, DECODE_MAX_ROWS, EXACT, GQA
+from fa2patch.common.values import whole_number
 
 MIN_Q_POINT = 1024
 KV_STEP = 2**0.5
@@ -110,7 +111,7 @@ def parse_model_config(doc: dict, where: str = "config.json") -> ModelHeads:
 
 def _positive(doc: dict, key: str, where: str) -> int:
     value = doc.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not whole_number(value, 1):
         raise EnvironmentProblem(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 

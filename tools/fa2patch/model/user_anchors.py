@@ -16,7 +16,6 @@ residual and leave-one-out residual.
 """
 
 import json
-import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.shapes import Shape
 from fa2patch.common.tables import table
+from fa2patch.common.values import finite_number, whole_number
 from fa2patch.compile.extension import mhz
 from fa2patch.model.v100model import Card
 
@@ -46,7 +46,7 @@ def read_bench(path: Path) -> dict:
             f"kernels on another GPU say nothing about a V100"
         )
     sms = doc.get("sms")
-    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+    if not whole_number(sms, 1):
         raise EnvironmentProblem(f"--anchors {path}: the file records no SM count ('sms': {sms!r})")
     for i, case in enumerate(doc["results"]):
         check_case(case, f"--anchors {path}: results[{i}]")
@@ -57,10 +57,6 @@ def read_bench(path: Path) -> dict:
 # (b, decode, decode_kv and page may be left out: Shape's defaults).
 SHAPE_MINIMUM = {"q": 1, "kv": 1, "hq": 1, "hkv": 1, "d": 1, "b": 1, "decode": 0, "decode_kv": 0, "page": 0}
 SHAPE_REQUIRED = ("q", "kv", "hq", "hkv", "d", "causal", "scale")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_case(case, where: str) -> None:
@@ -79,16 +75,16 @@ def check_case(case, where: str) -> None:
         raise EnvironmentProblem(f"{where}.shape: unknown key(s) {unknown}, missing key(s) {missing}")
     for key, low in SHAPE_MINIMUM.items():
         value = shape.get(key, low)
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        if not whole_number(value, low):
             raise EnvironmentProblem(f"{where}.shape.{key}: expected an integer >= {low}, actual {value!r}")
     if not isinstance(shape["causal"], bool):
         raise EnvironmentProblem(f"{where}.shape.causal: expected true or false, actual {shape['causal']!r}")
-    if not _number(shape["scale"]) or shape["scale"] <= 0:
+    if not finite_number(shape["scale"]) or shape["scale"] <= 0:
         raise EnvironmentProblem(f"{where}.shape.scale: expected a positive finite number, actual {shape['scale']!r}")
     for key in ("label", "route", "error", "sm_clock_after"):
         if case.get(key) is not None and not isinstance(case[key], str):
             raise EnvironmentProblem(f"{where}.{key}: expected null or a string, actual {case[key]!r}")
-    if case.get("median_ms") is not None and not _number(case["median_ms"]):
+    if case.get("median_ms") is not None and not finite_number(case["median_ms"]):
         raise EnvironmentProblem(
             f"{where}.median_ms: expected null or a finite number (ms), actual {case['median_ms']!r}"
         )
@@ -99,7 +95,7 @@ def check_case(case, where: str) -> None:
         raise EnvironmentProblem(
             f"{where}.clocks: expected null or an object whose sm_clock_mhz is null or an object, actual {clocks!r}"
         )
-    if median is not None and (not _number(median) or median < 0):
+    if median is not None and (not finite_number(median) or median < 0):
         raise EnvironmentProblem(
             f"{where}.clocks.sm_clock_mhz.median: expected null or a finite number >= 0 (MHz), actual {median!r}"
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fa2patch.common.errors import EnvironmentProblem
 from fa2patch.common.project import Project
+from fa2patch.common.values import whole_number
 
 MATRIX = Path("packaging") / "vllm-releases.toml"
 RELEASE_KEYS = {"version", "line", "torch", "torch_cuda", "v100_from_index", "sdist", "wheel_files"}
@@ -76,7 +77,7 @@ def _pinned(raw, where: str) -> Pinned:
     if not isinstance(raw, dict) or set(raw) != PINNED_FILE_KEYS:
         raise EnvironmentProblem(f"{where}: expected {{file, sha256, size}}, actual {raw!r}")
     size = raw["size"]
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+    if not whole_number(size, 1):
         raise EnvironmentProblem(f"{where}.size: expected a positive integer (bytes), actual {size!r}")
     return Pinned(_text(raw, "file", where), _text(raw, "sha256", where, SHA256, "64 lowercase hex digits"), size)
 
