@@ -114,10 +114,11 @@ def kernel_census():
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         yield counts
+    words = ("flash", "sm70", "attn", "attention", "decode")  # attention: TRITON_ATTN's kernel_unified_attention
     for event in prof.events():
-        name = event.name
-        if event.device_type.name == "CUDA" and any(k in name.lower() for k in ("flash", "sm70", "attn", "decode")):
-            counts[name[:160]] = counts.get(name[:160], 0) + 1
+        name = event.name[:400]  # long enough to keep template arguments apart
+        if event.device_type.name == "CUDA" and any(k in name.lower() for k in words):
+            counts[name] = counts.get(name, 0) + 1
 
 
 def one(out: Path, model: str, label: str) -> dict:
@@ -166,7 +167,7 @@ def one(out: Path, model: str, label: str) -> dict:
     if version == 2:
         record["extension"] = torch.ops._vllm_fa2_C.extension_path()
         record["route_stats"] = json.loads(torch.ops._vllm_fa2_C.route_stats())
-        record["route_stats_after_start"] = started  # graph capture's calls: the routes the replays run
+        record["route_stats_after_start"] = started  # start-up: the profile, warm-up and capture runs' calls
     if kernels:
         record["kernels"] = kernels
     if v100:
