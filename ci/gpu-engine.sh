@@ -8,6 +8,8 @@
 #                                   wheel) and .engine/2 (the rest, the manifest and the ~20 wheels the
 #                                   lab lacks: ci/vllm-lab/engine-wheels.txt); each fits one device call
 #   LAB_ENGINE=1 bash ci/gpu-lab.sh on the lab: runs `bash ci/gpu-engine.sh lab` after the build
+#   ENGINE_SERVE=1 LAB_ENGINE=1 ...  runs vLLM's OpenAI server under the soak instead (serve_run.py,
+#                                   issue 40; not yet run on the lab), with ci/vllm-lab/serve-wheels.txt
 #   bash ci/gpu-engine.sh lab       on the lab: keeps the parts carried in this call outside the work
 #                                   tree (they stay while the machine is warm); once all are there,
 #                                   unpacks vLLM, puts build/<arch>/_vllm_fa2_C.abi3.so in its place
@@ -33,7 +35,8 @@ prepare)
     mv .engine/parts/*.part00 .engine/1/ && mv .engine/parts/* .engine/2/ && rm -rf .engine/parts .engine/wheel
     platforms=(); for n in 17 24 27 28 31 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        "${platforms[@]}" --platform manylinux2014_x86_64 -d .engine/2/wheels -r ci/vllm-lab/engine-wheels.txt || exit 2
+        "${platforms[@]}" --platform manylinux2014_x86_64 -d .engine/2/wheels -r ci/vllm-lab/engine-wheels.txt \
+        -r ci/vllm-lab/serve-wheels.txt || exit 2
     du -sh .engine/1 .engine/2
     exit 0 ;;
 lab) ;;
@@ -53,6 +56,10 @@ so=build/$arch/_vllm_fa2_C.abi3.so
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$stash/site" "$stash"/parts/wheels/*.whl || exit 2
 cp "$so" "$stash/site/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"
 export PYTHONPATH=$stash/site:$PWD/packaging:$PYTHONPATH
+if [ "${ENGINE_SERVE:-0}" = 1 ]; then  # the served soak (serve_run.py: not yet run on the lab)
+    python3 ci/vllm-lab/serve_run.py "$out/engine" "$stash/work" 2>&1 | tee "$out/engine/serve.log"
+    exit "${PIPESTATUS[0]}"
+fi
 python3 ci/vllm-lab/engine_run.py all "$out/engine" "$stash/work" 2>&1 | tee "$out/engine/engine.log"
 status=${PIPESTATUS[0]}
 for results in "$out"/engine/results-*.json; do
