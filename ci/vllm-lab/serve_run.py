@@ -9,12 +9,14 @@ Per backend of SERVE_BACKENDS (comma-separated: fa2patch, fa3, triton; default a
 SERVE_MODEL (engine_run's gqa256 or gqa128; a word-level tokenizer of its 8,192 ids, built here, so
 nothing is downloaded): ``vllm serve`` on 127.0.0.1 (vLLM's default CUDA graph capture sizes, full decode
 graphs, prefix caching and chunked prefill of 4,096; SERVE_GPU_BLOCKS blocks of 16 tokens, default
-6,000, so that the scheduler preempts), fa2patch's V100 backend registered in every server process by
+6,000, so that the scheduler preempts; SERVE_FAULT=workspace_cap caps the long-prefill workspace at 1
+MiB, a fault every qualifying chunk must survive on the exact route, counted as that fallback),
+fa2patch's V100 backend registered in every server process by
 a sitecustomize on PYTHONPATH (the plugin's entry point acts on 7.0 only) with the SM70 kernels forced
 and ``route_stats()`` logged every 10 s; then fa2patch.lab.serve_load: the probes, SERVE_SECONDS
 (default 360) of the mixed load at concurrency 32, the probes again; the device memory used (NVML,
 every second) throughout. The server is stopped, its log read for error lines and the last
-``route_stats`` line, and ``serve_load.judge`` decides. OUT gets serve-BACKEND.json (the record and
+``route_stats`` line, and ``serve_load.judge`` decides. OUT gets serve-MODEL-BACKEND.json (the record and
 the verdict); WORK the models and the server logs.
 """
 
@@ -107,6 +109,11 @@ def serve(out: Path, work: Path, model_name: str, name: str) -> dict:
     env = {**os.environ, "PYTHONPATH": f"{site}:{os.environ.get('PYTHONPATH', '')}", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     if v100:
         env |= {"FA2PATCH_FORCE_SM70": "1", "FA2PATCH_LAB_V100_BACKEND": "1", "FA2PATCH_VLLM_ROUTE_STATS_SECONDS": "10"}
+    fault = os.environ.get("SERVE_FAULT", "") if v100 else ""
+    if fault == "workspace_cap":  # the route refuses every chunk's workspace: each takes the exact route
+        env["FA2PATCH_PREFILL_WORKSPACE_CAP_MIB"] = "1"
+    elif fault:
+        raise SystemExit(f"SERVE_FAULT: expected workspace_cap or nothing, actual {fault!r}")
     blocks = os.environ.get("SERVE_GPU_BLOCKS", "6000")
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
            "--port", str(PORT), "--served-model-name", "m", "--dtype", "float16", "--max-model-len", "32768",
@@ -149,6 +156,7 @@ def serve(out: Path, work: Path, model_name: str, name: str) -> dict:
         "server_errors": [line for line in lines if ERROR_LINE.search(line)][:50],
         "route_stats": json.loads(stats[-1]) if stats else None,
         "expect_long_prefill": v100,
+        "expected_fallbacks": [fault] if fault else [],
     }
     record["verdict"] = serve_load.judge(record)
     (out / f"serve-{model_name}-{name}.json").write_text(json.dumps(record) + "\n")

@@ -143,6 +143,10 @@ def test_the_verdict_target_by_target():
         verdict = sl.judge(rec)
         assert not verdict["pass"] and any(words in r for r in verdict["reasons"]), (words, verdict)
     assert sl.judge(record(route_stats=None))["pass"]  # FA3 or Triton: no route_stats to read
+    capped = {"devices": {"0": {"routes": {"sm70-dense": 9}, "fallbacks": {"workspace_cap": 4}}}}
+    assert sl.judge(record(route_stats=capped, expected_fallbacks=["workspace_cap"]))["pass"]
+    unmoved = sl.judge(record(expected_fallbacks=["workspace_cap"]))
+    assert unmoved["reasons"] == ["the injected fault caused no ['workspace_cap'] fallback"]
 
 
 def test_memory_drift_is_measured_from_the_first_sample_after_warm_up():

@@ -188,7 +188,8 @@ def judge(record: dict) -> dict:
     """The soak's targets (issue 40) on what a run recorded: ``load`` (run_load's summary),
     ``probes_before``/``probes_after`` (probe results), ``memory`` ((seconds, MiB) samples) with
     ``warmup_s``, ``server_errors`` (the server log's error lines), ``route_stats`` (the extension's last
-    JSON, or None for a run on another backend) and ``expect_long_prefill`` (some prompt qualifies)."""
+    JSON, or None for a run on another backend), ``expect_long_prefill`` (some prompt qualifies) and
+    ``expected_fallbacks`` (the fallback reasons a run's injected fault must cause, and no others)."""
     reasons = []
     load = record["load"]
     if load["failed"]:
@@ -206,9 +207,15 @@ def judge(record: dict) -> dict:
     stats = record.get("route_stats")
     if stats is not None:
         device: dict = next(iter(stats["devices"].values()), {})
-        if device.get("fallbacks"):
-            reasons.append(f"route fallbacks: {device['fallbacks']}")
-        if record.get("expect_long_prefill") and not device.get("routes", {}).get("sm70-gqa-prefill"):
+        fallbacks, expected = device.get("fallbacks", {}), set(record.get("expected_fallbacks", ()))
+        if set(fallbacks) - expected:
+            reasons.append(f"route fallbacks: {fallbacks}")
+        missing = sorted(expected - set(fallbacks))
+        if missing:
+            reasons.append(f"the injected fault caused no {missing} fallback")
+        elif (
+            not expected and record.get("expect_long_prefill") and not device.get("routes", {}).get("sm70-gqa-prefill")
+        ):
             reasons.append("no call took the long-prefill route")
     return {"pass": not reasons, "reasons": reasons, "memory_drift_mib": drift}
 
