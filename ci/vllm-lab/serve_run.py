@@ -99,6 +99,17 @@ def wait_healthy(proc, log: Path, seconds: float = 900.0) -> None:
     raise SystemExit(f"the server was not healthy after {seconds} s:\n{log.read_text()[-4000:]}")
 
 
+def stop_server(proc) -> None:
+    """SIGINT to the server's process group (Ctrl-C), SIGKILL after 120 s; a group already gone is fine."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(120)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def serve(out: Path, work: Path, model_name: str, name: str) -> dict:
     attention, v100 = BACKENDS[name]
     model = engine_run.build_model(model_name, work / "models")
@@ -130,19 +141,15 @@ def serve(out: Path, work: Path, model_name: str, name: str) -> dict:
             warmup_s = time.monotonic() - start
             threading.Thread(target=sample_memory, args=(stop, samples, start), daemon=True).start()
             probes = serve_load.probe_prompts(VOCAB)
-            before = [serve_load.probe("127.0.0.1", PORT, "m", p) for p in probes]
+            before = [serve_load.probe("127.0.0.1", PORT, "m", p, "before") for p in probes]
             requests = serve_load.mixed_workload(0, int(os.environ.get("SERVE_COUNT", "400")), VOCAB)
             seconds = float(os.environ.get("SERVE_SECONDS", "360"))
             load = serve_load.run_load("127.0.0.1", PORT, "m", requests, 32, seconds)
-            after = [serve_load.probe("127.0.0.1", PORT, "m", p) for p in probes]
+            after = [serve_load.probe("127.0.0.1", PORT, "m", p, "after") for p in probes]
             time.sleep(12)  # one more route_stats line after the load
         finally:
             stop.set()
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(120)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_server(proc)
     lines = log.read_text(errors="replace").splitlines()
     stats = [m.group(1) for line in lines if (m := ROUTE_STATS.search(line))]
     record = {
@@ -155,8 +162,9 @@ def serve(out: Path, work: Path, model_name: str, name: str) -> dict:
         "warmup_s": warmup_s + 30.0,  # the first requests' allocations (the long-prefill workspace) settle
         "server_errors": [line for line in lines if ERROR_LINE.search(line)][:50],
         "route_stats": json.loads(stats[-1]) if stats else None,
-        "expect_long_prefill": v100,
-        "expected_fallbacks": [fault] if fault else [],
+        "expect_route_stats": v100,
+        "expect_long_prefill": v100 and engine_run.MODELS[model_name]["head_dim"] == 256,
+        "expected_fallbacks": [fault] if fault and engine_run.MODELS[model_name]["head_dim"] == 256 else [],
     }
     record["verdict"] = serve_load.judge(record)
     (out / f"serve-{model_name}-{name}.json").write_text(json.dumps(record) + "\n")

@@ -13,8 +13,9 @@ from fa2patch.lab import serve_load as sl
 
 
 class Server:
-    """/v1/completions: streamed chunks " t0", " t1", ... (one per token) or, unstreamed, a text made
-    from the prompt (+ a suffix once ``mutate`` is set); prompts over 1,000 tokens get HTTP 400."""
+    """/v1/completions: streamed chunks " t0", " t1", ... (one per token, the last with finish_reason
+    "length", then [DONE], except for 13 tokens: no [DONE]) or, unstreamed, a text made from the prompt
+    (+ a suffix once ``mutate`` is set); prompts over 1,000 tokens get HTTP 400."""
 
     def __init__(self):
         self.mutate, self.broken = False, 0
@@ -44,9 +45,12 @@ class Server:
                 self.end_headers()
                 try:
                     for i in range(body["max_tokens"]):
-                        self.wfile.write(f'data: {{"choices": [{{"text": " t{i}"}}]}}\n\n'.encode())
+                        finish = "length" if i == body["max_tokens"] - 1 else None
+                        chunk = {"choices": [{"text": f" t{i}", "finish_reason": finish}]}
+                        self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                         self.wfile.flush()
-                    self.wfile.write(b"data: [DONE]\n\n")
+                    if body["max_tokens"] != 13:  # 13 tokens: the stream stops without [DONE]
+                        self.wfile.write(b"data: [DONE]\n\n")
                 except (BrokenPipeError, ConnectionResetError):
                     owner.broken += 1
 
@@ -64,11 +68,12 @@ def server():
 
 def test_streams_complete_disconnect_and_fail_as_they_should(server):
     requests = [sl.Request([1, 2, 3], 5), sl.Request(list(range(200)), 40), sl.Request([7], 30, disconnect_after=2),
-                sl.Request([5] * 1001, 4)]  # fmt: skip
+                sl.Request([5] * 1001, 4), sl.Request([9], 13)]  # fmt: skip
     load = sl.run_load("127.0.0.1", server.port, "m", requests, concurrency=3, seconds=60)
     s = load["summary"]
-    assert (s["sent"], s["completed"], s["disconnected"], s["failed"]) == (4, 2, 1, 1)
-    assert "HTTP 400" in s["failures"][0]
+    assert (s["sent"], s["completed"], s["disconnected"], s["failed"]) == (5, 2, 1, 2)
+    assert sorted(w.split(":")[0].split(" after")[0] for w in s["failures"]) == ["HTTP 400", "the stream ended"]
+    assert "[DONE] False, finish_reason 'length'" in next(w for w in s["failures"] if "stream ended" in w)
     done = sorted((r for r in load["results"] if r["status"] == "completed"), key=lambda r: r["max_tokens"])
     assert [r["chunks"] for r in done] == [5, 40]
     assert all(r["ttft_s"] > 0 and r["tpot_s"] is not None for r in done)
@@ -83,14 +88,14 @@ def test_no_request_starts_after_the_deadline(server):
 
 def test_probes_read_the_text_and_the_verdict_sees_a_change(server):
     probes = sl.probe_prompts(8192, lengths=(5, 50))
-    before = [sl.probe("127.0.0.1", server.port, "m", p) for p in probes]
+    before = [sl.probe("127.0.0.1", server.port, "m", p, "phase") for p in probes]
     assert all(p["ok"] and p["text"].startswith("answer-") for p in before)
     server.mutate = True
-    after = [sl.probe("127.0.0.1", server.port, "m", p) for p in probes]
+    after = [sl.probe("127.0.0.1", server.port, "m", p, "phase") for p in probes]
     verdict = sl.judge(record(probes_before=before, probes_after=after))
     assert not verdict["pass"] and "probe answers changed over the soak" in verdict["reasons"]
     assert sl.judge(record(probes_before=before, probes_after=before))["pass"]
-    refused = sl.probe("127.0.0.1", server.port, "m", sl.Request([1] * 1001, 4))
+    refused = sl.probe("127.0.0.1", server.port, "m", sl.Request([1] * 1001, 4), "phase")
     assert not refused["ok"] and "HTTP 400" in refused["why"]
 
 
@@ -123,6 +128,7 @@ def record(**changes) -> dict:
         "probes_before": ok,
         "probes_after": ok,
         "route_stats": {"devices": {"0": {"routes": {"sm70-gqa-prefill": 8}, "fallbacks": {}}}},
+        "expect_route_stats": True,
         "expect_long_prefill": True,
     }
     return base | changes
@@ -142,7 +148,9 @@ def test_the_verdict_target_by_target():
     for words, rec in cases.items():
         verdict = sl.judge(rec)
         assert not verdict["pass"] and any(words in r for r in verdict["reasons"]), (words, verdict)
-    assert sl.judge(record(route_stats=None))["pass"]  # FA3 or Triton: no route_stats to read
+    assert sl.judge(record(route_stats=None, expect_route_stats=False))["pass"]  # FA3 or Triton: none to read
+    missing = sl.judge(record(route_stats=None))
+    assert not missing["pass"] and "no route_stats line" in missing["reasons"][0]
     capped = {"devices": {"0": {"routes": {"sm70-dense": 9}, "fallbacks": {"workspace_cap": 4}}}}
     assert sl.judge(record(route_stats=capped, expected_fallbacks=["workspace_cap"]))["pass"]
     unmoved = sl.judge(record(expected_fallbacks=["workspace_cap"]))

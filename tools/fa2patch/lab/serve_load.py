@@ -83,8 +83,9 @@ def _post(host: str, port: int, body: dict, timeout: float):
 
 
 def stream(host: str, port: int, model: str, req: Request, timeout: float = 600.0) -> dict:
-    """One streamed request: status ``completed``, ``disconnected`` (as asked) or ``failed`` (with why),
-    the streamed chunks, time to the first and the times between them."""
+    """One streamed request: status ``completed`` (finish_reason "length", then [DONE]), ``disconnected``
+    (as asked) or ``failed`` (with why), the streamed chunks, the time to the first and the mean time
+    between them (per chunk: vLLM puts several tokens in one chunk when a client lags)."""
     body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0,
             "stream": True, "ignore_eos": True}  # fmt: skip
     start = time.perf_counter()
@@ -94,24 +95,28 @@ def stream(host: str, port: int, model: str, req: Request, timeout: float = 600.
         conn, resp = _post(host, port, body, timeout)
         if resp.status != 200:
             return {**result, "status": "failed", "why": f"HTTP {resp.status}: {resp.read()[:300]!r}"}
-        times = []
+        times, finish, done = [], None, False
         for raw in resp:
             line = raw.decode().strip()
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                done = True
                 break
             chunk = json.loads(data)
             if "error" in chunk:
                 return {**result, "status": "failed", "why": f"error in stream: {chunk['error']}"}
             times.append(time.perf_counter() - start)
+            finish = (chunk.get("choices") or [{}])[0].get("finish_reason") or finish
             result["chunks"] = len(times)
             if req.disconnect_after is not None and len(times) >= req.disconnect_after:
                 conn.close()
                 return {**result, "status": "disconnected", "ttft_s": times[0]}
-        if not times:
-            return {**result, "status": "failed", "why": "no chunk before the stream ended"}
+        # ignore_eos and max_tokens: a whole answer ends with finish_reason "length", then [DONE].
+        if not (times and done and finish == "length"):
+            why = f"the stream ended after {len(times)} chunks, [DONE] {done}, finish_reason {finish!r}"
+            return {**result, "status": "failed", "why": why}
         gaps = [b - a for a, b in itertools.pairwise(times)]
         return {**result, "status": "completed", "ttft_s": times[0], "tpot_s": statistics.fmean(gaps) if gaps else None}
     except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -121,9 +126,11 @@ def stream(host: str, port: int, model: str, req: Request, timeout: float = 600.
             conn.close()
 
 
-def probe(host: str, port: int, model: str, req: Request, timeout: float = 600.0) -> dict:
-    """A greedy, unstreamed probe: its text (or why it failed)."""
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0, "ignore_eos": True}
+def probe(host: str, port: int, model: str, req: Request, salt: str, timeout: float = 600.0) -> dict:
+    """A greedy, unstreamed probe: its text (or why it failed). ``salt`` (vLLM's cache_salt) keeps each
+    phase's probes off the prefix cache the other phase filled, so both compute the same way."""
+    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "cache_salt": salt}  # fmt: skip
     try:
         conn, resp = _post(host, port, body, timeout)
         try:
@@ -188,7 +195,8 @@ def judge(record: dict) -> dict:
     """The soak's targets (issue 40) on what a run recorded: ``load`` (run_load's summary),
     ``probes_before``/``probes_after`` (probe results), ``memory`` ((seconds, MiB) samples) with
     ``warmup_s``, ``server_errors`` (the server log's error lines), ``route_stats`` (the extension's last
-    JSON, or None for a run on another backend), ``expect_long_prefill`` (some prompt qualifies) and
+    JSON, or None for a run on another backend; ``expect_route_stats``: it must be there),
+    ``expect_long_prefill`` (some prompt qualifies and the model's heads are the route's) and
     ``expected_fallbacks`` (the fallback reasons a run's injected fault must cause, and no others)."""
     reasons = []
     load = record["load"]
@@ -205,6 +213,8 @@ def judge(record: dict) -> dict:
     elif [p["text"] for p in before] != [p["text"] for p in after]:
         reasons.append("probe answers changed over the soak")
     stats = record.get("route_stats")
+    if stats is None and record.get("expect_route_stats"):
+        reasons.append("no route_stats line in the server log: fa2patch's backend may not have been in use")
     if stats is not None:
         device: dict = next(iter(stats["devices"].values()), {})
         fallbacks, expected = device.get("fallbacks", {}), set(record.get("expected_fallbacks", ()))
@@ -235,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         parser.error(f"--host: expected this machine (127.0.0.1), actual {args.host!r}")
     probes = probe_prompts(args.vocab)
-    before = [probe(args.host, args.port, args.model, p) for p in probes]
+    before = [probe(args.host, args.port, args.model, p, "before") for p in probes]
     requests = mixed_workload(args.seed, args.count, args.vocab)
     load = run_load(args.host, args.port, args.model, requests, args.concurrency, args.seconds)
-    after = [probe(args.host, args.port, args.model, p) for p in probes]
+    after = [probe(args.host, args.port, args.model, p, "after") for p in probes]
     doc = {"requests": [asdict(r) | {"prompt": len(r.prompt)} for r in requests], "load": load["summary"],
            "results": load["results"], "probes_before": before, "probes_after": after}  # fmt: skip
     with open(args.json_file, "w") as f:
