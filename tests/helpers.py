@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Shared test helpers: small archives, the mini project, toolchain requirement."""
+"""Shared test helpers: small archives, the mini project, toolchain requirement, scripts by path."""
 
 import hashlib
+import importlib.util
 import io
 import os
 import subprocess
@@ -13,6 +14,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: Path, name: str):
+    """A script that is not a package module (ci/vllm-lab/*.py, tests/gpu/*_cases.py), imported from
+    its path under ``name``; its own folder first on sys.path, for the imports beside it."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def reference_digest(files: dict[str, tuple[int, bytes]]) -> str:

@@ -4,7 +4,6 @@ the stripped wheel survives packing, splitting and assembling byte for byte, a d
 is named, and the verdict passes fa2patch's runs only within vLLM's own backends' spread and, for the
 V100 backend, only when every qualifying chunk had its own long-prefill call per layer."""
 
-import importlib.util
 import json
 import random
 import sys
@@ -13,7 +12,7 @@ import zipfile
 import pytest
 
 from fa2patch.lab import engine
-from helpers import REPO
+from helpers import REPO, load_script
 
 
 def fake_wheel(path, files):
@@ -163,10 +162,7 @@ def test_a_results_file_without_the_models_heads_is_refused_by_name(tmp_path, ca
 
 
 def load_engine_run():
-    spec = importlib.util.spec_from_file_location("engine_run", REPO / "ci" / "vllm-lab" / "engine_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "ci" / "vllm-lab" / "engine_run.py", "engine_run")
 
 
 def test_the_engine_run_is_the_issues_workload_and_logs_the_backends_split():

@@ -3,25 +3,19 @@
 real op's input checks in front it must find nothing; without them it must flag the invalid calls; with
 1% off in `out` it must flag the checked ones. So the fuzz can fail on the lab."""
 
-import importlib.util
 import itertools
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 GPU_TESTS = REPO / "tests" / "gpu"
 
 
 @pytest.fixture(scope="module")
 def fuzz():
-    sys.path.insert(0, str(GPU_TESTS))
-    spec = importlib.util.spec_from_file_location("fuzz_calls", GPU_TESTS / "fuzz_calls.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(GPU_TESTS / "fuzz_calls.py", "fuzz_calls")
 
 
 def checked(reference):

@@ -2,7 +2,6 @@
 """The GPU numerics harness itself, on the CPU: through an exact stand-in op it must pass;
 through a slightly wrong op it must fail (so the GPU suite can fail)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 SCRIPT = REPO / "tests" / "gpu" / "sm70_cases.py"
 CASES = [
@@ -46,9 +45,7 @@ def test_exact_op_passes_the_harness(spec):
 
 
 def test_a_slightly_wrong_op_fails_the_harness(monkeypatch):
-    spec_mod = importlib.util.spec_from_file_location("sm70_cases", SCRIPT)
-    cases = importlib.util.module_from_spec(spec_mod)
-    spec_mod.loader.exec_module(cases)
+    cases = load_script(SCRIPT, "sm70_cases")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
 
     def wrong_op(*args):

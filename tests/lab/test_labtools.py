@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from fa2patch.lab import labtools
-from helpers import REPO
+from helpers import REPO, load_script
 
 
 def run(*args, stdin=None):
@@ -266,12 +266,7 @@ def test_vllm_verdict_command_writes_the_verdict_into_the_summary(tmp_path):
 
 def _gpu_conftest():
     """tests/gpu/conftest.py, the module that writes each session's summary (imported by path)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_conftest_for_labtools", REPO / "tests/gpu/conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "tests" / "gpu" / "conftest.py", "gpu_conftest_for_labtools")
 
 
 def test_session_groups_run_every_gpu_test_file_once(tmp_path):

@@ -3,23 +3,19 @@
 gqa_prefill_fwd passes it, a slightly wrong one fails it, and its adversarial inputs and vLLM
 cache views are what they claim to be."""
 
-import importlib.util
 import math
 import sys
 
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("prefill_cases", REPO / "tests" / "gpu" / "prefill_cases.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "tests" / "gpu" / "prefill_cases.py", "prefill_cases")
 
 
 @pytest.fixture

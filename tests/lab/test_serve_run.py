@@ -2,7 +2,6 @@
 """The served soak's recipe (ci/vllm-lab/serve_run.py), its pure parts: it finds the plugin's
 route_stats lines and vLLM's error lines in a server log, and its sitecustomize is Python."""
 
-import importlib.util
 import json
 import logging
 import sys
@@ -10,16 +9,12 @@ import time
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 
 @pytest.fixture(scope="module")
 def serve_run():
-    sys.path.insert(0, str(REPO / "ci" / "vllm-lab"))
-    spec = importlib.util.spec_from_file_location("serve_run", REPO / "ci" / "vllm-lab" / "serve_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "ci" / "vllm-lab" / "serve_run.py", "serve_run")
 
 
 def test_it_reads_the_route_stats_line_the_plugin_writes(serve_run, caplog, monkeypatch):
